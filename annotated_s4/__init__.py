@@ -1,0 +1,23 @@
+"""The Annotated S4: structured state space models, from the SSM to S4, H3 and ETSC.
+
+Modules follow the book's reading order; later ones import only earlier ones.
+"""
+
+import os as _os
+
+# XLA's CPU runtime (jaxlib 0.10) can deadlock when its concurrency-optimised
+# scheduler runs two LAPACK custom calls (e.g. the batched matrix inverses of
+# two SSM layers' discretizations) at the same time: the program never
+# finishes. The flag is read when the CPU backend starts, so it must be set
+# before the first computation; importing this package first is enough.
+if "xla_cpu_enable_concurrency_optimized_scheduler" not in _os.environ.get("XLA_FLAGS", ""):
+    _os.environ["XLA_FLAGS"] = (
+        _os.environ.get("XLA_FLAGS", "")
+        + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+    ).strip()
+
+from .ssm import *  # noqa: F401,F403,E402
+from .s4 import *  # noqa: F401,F403,E402
+from .layers import *  # noqa: F401,F403,E402
+
+__version__ = "0.1.0"
