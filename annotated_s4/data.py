@@ -12,6 +12,11 @@ Every split is deterministic (fixed seed) so that chapters and tests agree.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import os
+import shutil
+
 import numpy as np
 
 __all__ = [
@@ -19,6 +24,15 @@ __all__ = [
     "load_digits_sequences",
     "load_text_corpus",
     "batches",
+    "MNIST_FILES",
+    "MNIST_SHA256",
+    "MNIST_MIRRORS",
+    "cache_dir",
+    "fetch",
+    "read_idx",
+    "load_mnist",
+    "induction_head",
+    "associative_recall",
 ]
 
 DIGIT_LEVELS = 17  # the sklearn digits take the integer values 0..16
@@ -102,3 +116,200 @@ def batches(rng, n, batch_size):
         order = rng.permutation(n)
         for start in range(0, n - batch_size + 1, batch_size):
             yield order[start:start + batch_size]
+
+
+# --- Synthetic recall tasks (H3, chapter 7) ----------------------------------
+#
+# Both tasks are sequences of integer tokens whose last token is the answer:
+# the model reads x = the first seq_len - 1 tokens and must predict y, the
+# token at position seq_len - 1. Accuracy is measured on that position only.
+
+
+def _check_task_args(n, seq_len, vocab_size, min_len, min_vocab):
+    for name, value in (("n", n), ("seq_len", seq_len), ("vocab_size", vocab_size)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if n < 1:
+        raise ValueError(f"n must be positive, got {n}")
+    if seq_len < min_len:
+        raise ValueError(f"seq_len must be at least {min_len}, got {seq_len}")
+    if vocab_size < min_vocab:
+        raise ValueError(f"vocab_size must be at least {min_vocab}, got {vocab_size}")
+
+
+def induction_head(rng, n, seq_len=30, vocab_size=20):
+    """Induction-head sequences: after the special token, recall what followed it.
+
+    Token ``vocab_size - 1`` is the special token; the other tokens are drawn
+    uniformly from 0..vocab_size-2. The special token appears exactly twice:
+    once at a random position p followed by the token y = x[p + 1], and once
+    at the very end of x. The answer is y.
+
+    Returns (x, y): x int32 of shape (n, seq_len - 1), y int32 of shape (n,).
+    """
+    _check_task_args(n, seq_len, vocab_size, 4, 3)
+    special = vocab_size - 1
+    x = rng.integers(0, special, size=(n, seq_len - 1))
+    p = rng.integers(0, seq_len - 3, size=n)  # x[p + 1] lies before the final special
+    rows = np.arange(n)
+    x[rows, p] = special
+    x[:, -1] = special
+    y = x[rows, p + 1]
+    return x.astype(np.int32), y.astype(np.int32)
+
+
+def associative_recall(rng, n, seq_len=20, vocab_size=10):
+    """Associative-recall sequences: key-value pairs, then a key; answer its value.
+
+    Keys are the tokens 0..vocab_size//2 - 1, values the rest. Each sequence
+    draws its own random map from keys to values, then (seq_len - 2) // 2
+    pairs (key, value of that key) with keys drawn with replacement, then a
+    query key that occurred among the pairs. The answer is its value, so the
+    whole sequence (x, y) is seq_len tokens long: "a 2 c 4 b 3 d 1 a -> 2".
+
+    Returns (x, y): x int32 of shape (n, seq_len - 1), y int32 of shape (n,).
+    """
+    _check_task_args(n, seq_len, vocab_size, 4, 4)
+    if seq_len % 2:
+        raise ValueError(f"seq_len must be even (pairs, a query and its answer), got {seq_len}")
+    n_keys = vocab_size // 2
+    n_values = vocab_size - n_keys
+    n_pairs = (seq_len - 2) // 2
+    mapping = rng.integers(0, n_values, size=(n, n_keys)) + n_keys  # key -> value token
+    keys = rng.integers(0, n_keys, size=(n, n_pairs))
+    rows = np.arange(n)[:, None]
+    values = mapping[rows, keys]
+    x = np.empty((n, seq_len - 1), dtype=np.int64)
+    x[:, 0:-1:2] = keys
+    x[:, 1:-1:2] = values
+    query = keys[np.arange(n), rng.integers(0, n_pairs, size=n)]
+    x[:, -1] = query
+    y = mapping[np.arange(n), query]
+    return x.astype(np.int32), y.astype(np.int32)
+
+
+# --- MNIST, for readers with a network (Colab) ---------------------------------
+#
+# The book itself runs offline on the sklearn digits. Readers with a network
+# can train on the real thing: `load_mnist` downloads the four official IDX
+# files once, checks their SHA-256, caches them and reads them with numpy.
+
+MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte.gz",
+    "train_labels": "train-labels-idx1-ubyte.gz",
+    "test_images": "t10k-images-idx3-ubyte.gz",
+    "test_labels": "t10k-labels-idx1-ubyte.gz",
+}
+MNIST_SHA256 = {
+    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+}
+# yann.lecun.com no longer serves the files; these mirrors hold the same bytes.
+MNIST_MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+
+
+def cache_dir():
+    """Where downloads live: $ANNOTATED_S4_CACHE, else ~/.cache/annotated_s4."""
+    return os.environ.get("ANNOTATED_S4_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "annotated_s4")
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch(name, directory, mirrors, sha256, timeout=30):
+    """Path of `name` in `directory`, downloaded from the first working mirror.
+
+    An existing file is used if its SHA-256 matches; a download is written to
+    a temporary name, checked, then moved into place. Raises RuntimeError
+    naming the file, the mirrors tried and the errors when nothing works (for
+    example offline), and ValueError on a checksum mismatch.
+    """
+    import urllib.request
+
+    path = os.path.join(directory, name)
+    if os.path.exists(path):
+        digest = _sha256(path)
+        if digest == sha256:
+            return path
+        raise ValueError(f"{path} has sha256 {digest}, expected {sha256}: "
+                         f"delete it to download it again")
+    os.makedirs(directory, exist_ok=True)
+    errors = []
+    for mirror in mirrors:
+        url = mirror + name
+        tmp = path + ".part"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r, open(tmp, "wb") as f:
+                shutil.copyfileobj(r, f)
+        except OSError as e:  # URLError, timeouts, refused connections
+            errors.append(f"{url}: {e}")
+            continue
+        digest = _sha256(tmp)
+        if digest != sha256:
+            os.remove(tmp)
+            errors.append(f"{url}: sha256 {digest}, expected {sha256}")
+            continue
+        os.replace(tmp, path)
+        return path
+    raise RuntimeError(
+        f"could not download {name} into {directory} (are you offline?). Tried:\n  "
+        + "\n  ".join(errors)
+        + f"\nDownload the file by hand into {directory}, or set "
+        "$ANNOTATED_S4_CACHE to a directory that holds it."
+    )
+
+
+def read_idx(path):
+    """Read a (gzipped) IDX file: the MNIST container of unsigned bytes."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise ValueError(f"{path} is not an IDX file of unsigned bytes")
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    offset = 4 + 4 * ndim
+    if len(data) - offset != int(np.prod(shape)):
+        raise ValueError(f"{path}: header says shape {shape}, but "
+                         f"{len(data) - offset} bytes follow")
+    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(shape)
+
+
+def load_mnist(directory=None, *, quantize=False, mirrors=MNIST_MIRRORS,
+               checksums=None):
+    """MNIST as 784-step pixel sequences, in the format of `load_digits_sequences`.
+
+    Downloads (once) the official IDX files into ``directory`` (default
+    `cache_dir()`), verifies their SHA-256 and returns a dict with ``x_train``,
+    ``y_train``, ``x_test``, ``y_test``: x of shape (n, 784, 1) floats in
+    [0, 1], or with ``quantize=True`` (n, 784) integer intensities 0..255.
+    """
+    directory = cache_dir() if directory is None else directory
+    checksums = MNIST_SHA256 if checksums is None else checksums
+    arrays = {}
+    for key, name in MNIST_FILES.items():
+        if name not in checksums:
+            raise ValueError(f"checksums has no entry for {name}")
+        arrays[key] = read_idx(fetch(name, directory, mirrors, checksums[name]))
+    out = {}
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim != 3 or labels.shape != images.shape[:1]:
+            raise ValueError(f"MNIST {split} files disagree: images {images.shape}, "
+                             f"labels {labels.shape}")
+        seqs = images.reshape(len(images), -1)
+        out[f"x_{split}"] = (seqs.astype(np.int32) if quantize
+                             else (seqs / 255.0).astype(np.float32)[..., None])
+        out[f"y_{split}"] = labels.astype(np.int32)
+    return out
