@@ -21,7 +21,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .hippo import make_DPLR_HiPPO
+from .s4 import (discrete_DPLR, discretize_diagonal, kernel_DPLR, kernel_diagonal,
+                 s4d_inv_init, s4d_lin_init)
 from .ssm import discretize
+from .toeplitz import etsc, etsc_kernel
 
 __all__ = [
     "log_step_initializer",
@@ -29,6 +33,9 @@ __all__ = [
     "SSMLayer",
     "SequenceBlock",
     "StackedModel",
+    "S4Layer",
+    "S4DLayer",
+    "ToeplitzLayer",
 ]
 
 
@@ -253,3 +260,225 @@ class StackedModel(nnx.Module):
         for block in self.layers:
             x = block.step(x)
         return self._head(x)
+
+
+# --------------------------------------------------------------------------
+# S4 and S4D layers (Part II)
+# --------------------------------------------------------------------------
+def _complex(p):
+    """A (..., 2) float parameter read as a complex array (real, imag)."""
+    return p[..., 0] + 1j * p[..., 1]
+
+
+def _as_pair(z, dtype=jnp.float32):
+    """A complex array stored as a (..., 2) float array (real, imag)."""
+    z = jnp.asarray(z)
+    return jnp.stack([z.real, z.imag], axis=-1).astype(dtype)
+
+
+def _check_length_le(u, L):
+    if u.shape[1] > L:
+        raise ValueError(f"u has length {u.shape[1]}, more than the layer's L = {L}")
+
+
+class S4Layer(nnx.Module):
+    """H channels of an S4 SSM with a DPLR state matrix, HiPPO-initialised.
+
+    Parameters (the Annotated S4 layout): Lambda, P, B of the DPLR HiPPO,
+    shared by the H channels; one C~ (the kernel's C (I - Ab^L)), D and
+    log step per channel. Complex parameters are (real, imag) float32 pairs;
+    the real part of Lambda is stored as its log-negative, so it stays < 0.
+
+    CNN mode builds the length-L kernel with `kernel_DPLR` on every call and
+    uses its first u.shape[1] taps. RNN mode (`init_cache`) computes the
+    discrete DPLR matrices once with `discrete_DPLR`.
+    """
+
+    def __init__(self, H, N, L, *, rngs: nnx.Rngs, dt_min=0.001, dt_max=0.1):
+        if H < 1 or N < 1 or L < 1:
+            raise ValueError(f"H, N and L must be positive, got H={H}, N={N}, L={L}")
+        self.H, self.N, self.L = H, N, L
+        Lambda, P, B, _ = make_DPLR_HiPPO(N)
+        self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(jnp.float32))
+        self.Lambda_im = nnx.Param(jnp.asarray(Lambda.imag, dtype=jnp.float32))
+        self.P = nnx.Param(_as_pair(P))
+        self.B = nnx.Param(_as_pair(B))
+        # C~ ~ N(0, 1/2) in each of the real and imaginary parts.
+        self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N, 2)) * 0.5**0.5)
+        self.D = nnx.Param(jnp.ones((H,)))
+        self.log_step = nnx.Param(
+            log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
+        )
+        self.cache = nnx.data(None)  # set by init_cache (RNN mode)
+
+    def ssm_params(self):
+        """(Lambda, P, B, C~ (H, N), step (H,)) as complex / real arrays."""
+        Lambda = -jnp.exp(self.Lambda_log_neg_re[...]) + 1j * self.Lambda_im[...]
+        return (Lambda, _complex(self.P[...]), _complex(self.B[...]),
+                _complex(self.C[...]), jnp.exp(self.log_step[...]))
+
+    def kernel(self, L=None):
+        """The per-channel kernel, shape (H, L); L defaults to (and may not exceed) self.L."""
+        L = self.L if L is None else L
+        Lambda, P, B, C, step = self.ssm_params()
+        K = jax.vmap(lambda C, step: kernel_DPLR(Lambda, P, P, B, C, step, self.L))(C, step)
+        return K[:, :L]
+
+    def __call__(self, u):
+        _check_input(u, self.H)
+        _check_length_le(u, self.L)
+        K = self.kernel(u.shape[1])
+        return causal_convolution_batched(u, K) + self.D[...] * u
+
+    def init_cache(self, batch_size):
+        Lambda, P, B, C, step = self.ssm_params()
+        Ab, Bb, Cb = jax.vmap(
+            lambda C, step: discrete_DPLR(Lambda, P, P, B, C, step, self.L)
+        )(C, step)
+        self.Ab, self.Bb, self.Cb = nnx.Cache(Ab), nnx.Cache(Bb[..., 0]), nnx.Cache(Cb[:, 0])
+        self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N), jnp.complex64))
+
+    def step(self, u_t):
+        _check_step_input(u_t, self.H, self.cache)
+        x = jnp.einsum("hnm,bhm->bhn", self.Ab[...], self.cache[...])
+        x = x + self.Bb[...] * u_t[..., None]
+        self.cache[...] = x
+        y = jnp.einsum("hn,bhn->bh", self.Cb[...], x).real
+        return y + self.D[...] * u_t
+
+
+class S4DLayer(nnx.Module):
+    """H channels of a diagonal SSM (S4D): N/2 complex modes per channel.
+
+    x_k = Lambda_bar x_{k-1} + B_bar u_k,  y_k = 2 Re(C x_k) + D u_k,
+    with the zero-order-hold discretisation of `discretize_diagonal`. The N/2
+    modes stand for N/2 conjugate pairs (a real state of size N), hence the 2.
+    Lambda starts at S4D-Lin (init="lin") or S4D-Inv (init="inv"), B at 1,
+    C ~ N(0, 1/2) per part; Lambda's real part is stored as its log-negative.
+    The kernel is the Vandermonde product `kernel_diagonal`, O(N L).
+    """
+
+    def __init__(self, H, N, L, *, rngs: nnx.Rngs, init="lin", dt_min=0.001, dt_max=0.1):
+        if H < 1 or N < 2 or L < 1:
+            raise ValueError(f"H, L must be positive and N >= 2, got H={H}, N={N}, L={L}")
+        inits = {"lin": s4d_lin_init, "inv": s4d_inv_init}
+        if init not in inits:
+            raise ValueError(f"init must be 'lin' or 'inv', got {init!r}")
+        self.H, self.N, self.L = H, N, L
+        Lambda = jnp.broadcast_to(inits[init](N), (H, N // 2))
+        self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(jnp.float32))
+        self.Lambda_im = nnx.Param(Lambda.imag.astype(jnp.float32))
+        self.B = nnx.Param(_as_pair(jnp.ones((H, N // 2), jnp.complex64)))
+        self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N // 2, 2)) * 0.5**0.5)
+        self.D = nnx.Param(jnp.ones((H,)))
+        self.log_step = nnx.Param(
+            log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
+        )
+        self.cache = nnx.data(None)  # set by init_cache (RNN mode)
+
+    def ssm_params(self):
+        """(Lambda, B, C, step) with shapes (H, N/2) complex x3 and (H,)."""
+        Lambda = -jnp.exp(self.Lambda_log_neg_re[...]) + 1j * self.Lambda_im[...]
+        return Lambda, _complex(self.B[...]), _complex(self.C[...]), jnp.exp(self.log_step[...])
+
+    def kernel(self, L=None):
+        """The per-channel kernel 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l), shape (H, L)."""
+        L = self.L if L is None else L
+        Lambda, B, C, step = self.ssm_params()
+        return jax.vmap(lambda Lm, B, C, s: kernel_diagonal(Lm, B, 2 * C, s, L))(
+            Lambda, B, C, step
+        )
+
+    def __call__(self, u):
+        _check_input(u, self.H)
+        _check_length_le(u, self.L)
+        K = self.kernel(u.shape[1])
+        return causal_convolution_batched(u, K) + self.D[...] * u
+
+    def init_cache(self, batch_size):
+        Lambda, B, C, step = self.ssm_params()
+        Lambda_bar, B_bar = discretize_diagonal(Lambda, B, step[:, None])
+        self.Lambda_bar = nnx.Cache(Lambda_bar)
+        self.B_bar = nnx.Cache(B_bar)
+        self.C2 = nnx.Cache(2 * C)
+        self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), jnp.complex64))
+
+    def step(self, u_t):
+        _check_step_input(u_t, self.H, self.cache)
+        x = self.Lambda_bar[...] * self.cache[...] + self.B_bar[...] * u_t[..., None]
+        self.cache[...] = x
+        y = jnp.einsum("hn,bhn->bh", self.C2[...], x).real
+        return y + self.D[...] * u_t
+
+
+class ToeplitzLayer(nnx.Module):
+    """A TNN-style long convolution with an explicit learned kernel (ETSC chapter).
+
+    Each of the H channels has its own kernel t of length L (a parameter, shape
+    (H, L)) and a skip D: y = T u + D u, with t zero beyond lag L-1. CNN mode is
+    the batched FFT convolution; RNN mode keeps a cache of the last L inputs
+    (O(L H) per token).
+
+    ``to_ssm(h)`` converts the kernel, zero-padded to length h, with ETSC into a
+    diagonal SSM with h states per channel. From then on the layer IS that SSM:
+    CNN mode uses its kernel (equal to t up to lag h, periodic with period h+1
+    beyond), and RNN mode runs the recurrence in the exact-phase rotating frame
+    of `toeplitz.SSMDecoder`: O(h H) per token whatever the position.
+    """
+
+    def __init__(self, H, L, *, rngs: nnx.Rngs, decay=None):
+        if H < 1 or L < 1:
+            raise ValueError(f"H and L must be positive, got H={H}, L={L}")
+        self.H, self.L = H, L
+        decay = L / 8 if decay is None else decay
+        envelope = jnp.exp(-jnp.arange(L) / decay)  # favour recent lags at init
+        self.t = nnx.Param(0.5 * jax.random.normal(rngs.params(), (H, L)) * envelope)
+        self.D = nnx.Param(jnp.ones((H,)))
+        self.ssm_b = nnx.data(None)  # (h, H) complex once converted by to_ssm
+        self.cache = nnx.data(None)
+
+    def to_ssm(self, h=None):
+        """Replace the kernel by its exact ETSC diagonal SSM with h >= L states."""
+        h = self.L if h is None else h
+        if h < self.L:
+            raise ValueError(f"h must be at least the kernel length {self.L}, got {h}")
+        t = jnp.pad(self.t[...].T, ((0, h - self.L), (0, 0)))  # (h, H)
+        self.ssm_b = nnx.Cache(etsc(t)[1])
+        return self
+
+    def kernel(self, L):
+        """The kernel actually applied to a length-L input, shape (H, L)."""
+        if self.ssm_b is not None:
+            return etsc_kernel(self.ssm_b[...], L).T
+        t = self.t[...]
+        return t[:, :L] if L <= self.L else jnp.pad(t, ((0, 0), (0, L - self.L)))
+
+    def __call__(self, u):
+        _check_input(u, self.H)
+        return causal_convolution_batched(u, self.kernel(u.shape[1])) + self.D[...] * u
+
+    def init_cache(self, batch_size):
+        if self.ssm_b is None:  # cache of the last L inputs, oldest first
+            self.cache = nnx.Cache(jnp.zeros((batch_size, self.L, self.H)))
+            return
+        b = self.ssm_b[...]
+        h = b.shape[0]
+        m = jnp.arange(h + 1).astype(b.real.dtype)
+        self.roots = nnx.Cache(jnp.exp(2j * jnp.pi * m / (h + 1)).astype(b.dtype))
+        self.phase = nnx.Cache(jnp.zeros((h,), jnp.int32))  # p_k = ik mod (h+1)
+        self.cache = nnx.Cache(jnp.zeros((batch_size, h, self.H), b.dtype))
+
+    def step(self, u_t):
+        _check_step_input(u_t, self.H, self.cache)
+        if self.ssm_b is None:
+            buf = jnp.concatenate([self.cache[...][:, 1:], u_t[:, None]], axis=1)
+            self.cache[...] = buf
+            y = jnp.einsum("blh,hl->bh", buf, self.t[...][:, ::-1])
+            return y + self.D[...] * u_t
+        b = self.ssm_b[...]
+        h = b.shape[0]
+        w = self.roots[...][self.phase[...]][None, :, None]  # lambda_k^i, exactly
+        z = self.cache[...] + b[None] * jnp.conj(w) * u_t[:, None, :]
+        self.cache[...] = z
+        self.phase[...] = (self.phase[...] + jnp.arange(1, h + 1)) % (h + 1)
+        return (w * z).real.sum(axis=1) + self.D[...] * u_t

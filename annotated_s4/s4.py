@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from .ssm import K_conv, _check_length, _check_ssm
 
 __all__ = [
     "discretize_diagonal",
     "kernel_diagonal",
+    "s4d_lin_init",
+    "s4d_inv_init",
+    "K_conv_power",
+    "K_gen_simple",
+    "conv_from_gen",
+    "K_gen_inverse",
+    "cauchy",
+    "kernel_DPLR",
+    "discrete_DPLR",
 ]
 
 
@@ -51,3 +63,181 @@ def kernel_diagonal(Lambda, B, C, step, L):
     _, B_bar = discretize_diagonal(Lambda, B, step)
     V = jnp.exp((step * Lambda)[:, None] * jnp.arange(L)[None, :])  # (N, L)
     return jnp.einsum("n,nl->l", C * B_bar, V).real
+
+
+def s4d_lin_init(N):
+    """S4D-Lin: Lambda_n = -1/2 + i pi n, n = 0 .. N/2 - 1 (N/2 conjugate-pair modes)."""
+    N = _check_even_N(N)
+    n = np.arange(N // 2)
+    return jnp.asarray(-0.5 + 1j * np.pi * n, dtype=jnp.complex64)
+
+
+def s4d_inv_init(N):
+    """S4D-Inv: Lambda_n = -1/2 + i (N/pi) (N/(2n+1) - 1), n = 0 .. N/2 - 1.
+
+    The imaginary parts follow an inverse law, approximating the spectrum of
+    the HiPPO-LegS matrix's diagonal part (S4D paper, section 4).
+    """
+    N = _check_even_N(N)
+    n = np.arange(N // 2)
+    return jnp.asarray(-0.5 + 1j * (N / np.pi) * (N / (2 * n + 1) - 1), dtype=jnp.complex64)
+
+
+def _check_even_N(N):
+    N = _check_length(N, "N")
+    if N % 2:
+        raise ValueError(f"N must be even (N/2 conjugate pairs), got {N}")
+    return N
+
+
+# --------------------------------------------------------------------------
+# From matrix powers to a generating function (S4, section 3)
+# --------------------------------------------------------------------------
+def K_conv_power(Ab, Bb, Cb, L):
+    """The naive kernel (Cb Ab^l Bb)_l by power iteration v <- Ab v, shape (L,).
+
+    Same numbers as `ssm.K_conv`, but one scan instead of L matrix powers, so
+    it can be run at L = 16384 to show where the naive kernel breaks.
+    """
+    Ab, Bb, Cb = _check_ssm(Ab, Bb, Cb)
+    L = _check_length(L)
+
+    def power(v, _):  # v = Ab^l Bb
+        return Ab @ v, (Cb @ v).reshape()
+
+    return jax.lax.scan(power, Bb, None, length=L)[1]
+
+
+def K_gen_simple(Ab, Bb, Cb, L):
+    """The truncated generating function z -> sum_{l<L} K_l z^l of the SSM kernel.
+
+    Built from the naive kernel: only a stepping stone to check the next ones.
+    """
+    K = K_conv(Ab, Bb, Cb, L)
+
+    def gen(z):
+        return jnp.sum(K * (z ** jnp.arange(L)))
+
+    return gen
+
+
+def conv_from_gen(gen, L):
+    """Recover the kernel (length L, real) from its generating function.
+
+    Evaluating gen at the L roots of unity omega^k = exp(-2 pi i k / L) is a
+    discrete Fourier transform of K, so an inverse FFT gives K back.
+    """
+    L = _check_length(L)
+    Omega_L = jnp.exp((-2j * jnp.pi) * (jnp.arange(L) / L))
+    atRoots = jax.vmap(gen)(Omega_L)
+    return jnp.fft.ifft(atRoots, L).reshape(L).real
+
+
+def K_gen_inverse(Ab, Bb, Cb, L):
+    """The truncated generating function with the power series summed:
+
+        sum_{l<L} Cb Ab^l Bb z^l = Cb (I - Ab^L z^L) (I - Ab z)^{-1} Bb
+                                 = C~ (I - Ab z)^{-1} Bb   at roots of unity (z^L = 1),
+
+    with C~ = Cb (I - Ab^L). One Ab^L, then one N x N solve per root.
+    """
+    Ab, Bb, Cb = _check_ssm(Ab, Bb, Cb)
+    L = _check_length(L)
+    I = jnp.eye(Ab.shape[0])
+    Ab_L = jnp.linalg.matrix_power(Ab, L)
+    Ct = Cb @ (I - Ab_L)
+    return lambda z: (Ct @ jnp.linalg.solve(I - Ab * z, Bb)).reshape()
+
+
+# --------------------------------------------------------------------------
+# Diagonal plus low rank: Cauchy kernels and the Woodbury identity
+# --------------------------------------------------------------------------
+def cauchy(v, omega, lambd):
+    """The Cauchy matrix-vector product k(omega_j) = sum_n v_n / (omega_j - lambd_n).
+
+    v and lambd have shape (N,), omega shape (M,); returns shape (M,).
+    Written as a broadcast (M, N) sum: O(M N) time and memory.
+    """
+    v, omega, lambd = jnp.asarray(v), jnp.asarray(omega), jnp.asarray(lambd)
+    if v.ndim != 1 or lambd.shape != v.shape:
+        raise ValueError(
+            f"v and lambd must be 1-D of the same shape (N,), got {v.shape} and {lambd.shape}"
+        )
+    if omega.ndim != 1:
+        raise ValueError(f"omega must be 1-D of shape (M,), got {omega.shape}")
+    return jnp.sum(v[None, :] / (omega[:, None] - lambd[None, :]), axis=-1)
+
+
+def _check_dplr(Lambda, P, Q, B, C, step):
+    arrs = [jnp.asarray(a) for a in (Lambda, P, Q, B, C)]
+    if arrs[0].ndim != 1:
+        raise ValueError(f"Lambda must be 1-D of shape (N,), got {arrs[0].shape}")
+    N = arrs[0].shape[0]
+    for name, a in zip("PQBC", arrs[1:]):
+        if a.shape != (N,):
+            raise ValueError(f"{name} must have shape (N,) = ({N},), got {a.shape}")
+    if not isinstance(step, jax.core.Tracer) and not np.all(np.asarray(step) > 0):
+        raise ValueError(f"step must be positive, got {step}")
+    return arrs
+
+
+def kernel_DPLR(Lambda, P, Q, B, C, step, L):
+    """The S4 convolution kernel of A = diag(Lambda) - P Q^*, shape (L,), real.
+
+    C is C~ = C (I - Ab^L), the S4 parameterisation. With the bilinear
+    discretisation, at a root of unity z the generating function is
+
+        (2 / (1 + z)) C~ (g(z) - A)^{-1} B,    g(z) = (2 / step) (1 - z) / (1 + z),
+
+    and Woodbury turns the resolvent of a DPLR matrix into four Cauchy kernels:
+
+        C~ R B - C~ R P (1 + Q^* R P)^{-1} Q^* R B,   R = (g - diag(Lambda))^{-1}.
+
+    O(N L) work, no matrix powers, no inverses; an inverse FFT gives K.
+    """
+    Lambda, P, Q, B, C = _check_dplr(Lambda, P, Q, B, C, step)
+    L = _check_length(L)
+    Omega_L = jnp.exp((-2j * jnp.pi) * (jnp.arange(L) / L))
+    aterm = (C.conj(), Q.conj())
+    bterm = (B, P)
+    g = (2.0 / step) * ((1.0 - Omega_L) / (1.0 + Omega_L))
+    c = 2.0 / (1.0 + Omega_L)
+    k00 = cauchy(aterm[0] * bterm[0], g, Lambda)
+    k01 = cauchy(aterm[0] * bterm[1], g, Lambda)
+    k10 = cauchy(aterm[1] * bterm[0], g, Lambda)
+    k11 = cauchy(aterm[1] * bterm[1], g, Lambda)
+    atRoots = c * (k00 - k01 * (1.0 / (1.0 + k11)) * k10)
+    return jnp.fft.ifft(atRoots, L).reshape(L).real
+
+
+def discrete_DPLR(Lambda, P, Q, B, C, step, L):
+    """The bilinear discretisation of a DPLR SSM, for the RNN mode.
+
+    Returns (Ab, Bb, Cb) with shapes (N, N), (N, 1), (1, N), complex, such that
+    K_conv(Ab, Bb, Cb, L).real == kernel_DPLR(Lambda, P, Q, B, C, step, L).
+
+    Ab = A1 A0 and Bb = 2 A1 B with A0 = (2/step) I + A and
+    A1 = ((2/step) I - A)^{-1} = D - D P (1 + Q^* D P)^{-1} Q^* D, where
+    D = diag(1 / (2/step - Lambda)) (Woodbury again: no dense inverse).
+    Since the kernel was written with C~ = C (I - Ab^L) (and uses its
+    conjugate, see kernel_DPLR), the recurrence needs Cb = C~^* (I - Ab^L)^{-1}:
+    one N x N solve, done once.
+    """
+    Lambda, P, Q, B, C = _check_dplr(Lambda, P, Q, B, C, step)
+    L = _check_length(L)
+    N = Lambda.shape[0]
+    A = jnp.diag(Lambda) - P[:, None] @ Q[:, None].conj().T
+    I = jnp.eye(N)
+    A0 = (2.0 / step) * I + A
+    d = 1.0 / ((2.0 / step) - Lambda)  # the diagonal of D
+    Qc = Q.conj()
+    DP = d * P
+    QcD = Qc * d
+    A1 = jnp.diag(d) - (DP[:, None] / (1.0 + QcD @ P)) @ QcD[None, :]
+    Ab = A1 @ A0
+    Bb = 2.0 * A1 @ B[:, None]
+    # The kernel uses C~^* (conjugated C~, see kernel_DPLR), so the unrolled
+    # recurrence needs Cb = C~^* (I - Ab^L)^{-1}: solve (I - Ab^L)^T Cb^T = conj(C~).
+    Ab_L = jnp.linalg.matrix_power(Ab, L)
+    Cb = jnp.linalg.solve((I - Ab_L).T, C.conj()[:, None]).T
+    return Ab, Bb, Cb

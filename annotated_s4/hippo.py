@@ -1,0 +1,121 @@
+"""HiPPO-LegS: a state matrix that remembers the whole past of a signal.
+
+The HiPPO-LegS state x(t) holds the coefficients of the best approximation of
+the history u(s), s <= t, by Legendre polynomials scaled to [0, t]. It is the
+initialisation that makes S4 work, and it has a structure S4 exploits: it is
+normal plus low rank (NPLR), hence unitarily equivalent to a diagonal plus low
+rank (DPLR) matrix.
+
+These functions build matrices once, at initialisation, so they use NumPy in
+float64 (eigendecompositions in float32 would throw away the accuracy the
+kernel needs). Callers cast the results to jnp arrays of the dtype they want.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "make_HiPPO",
+    "make_NPLR_HiPPO",
+    "make_DPLR_HiPPO",
+    "legendre_reconstruct",
+    "hippo_legs_states",
+]
+
+
+def _check_N(N):
+    if isinstance(N, bool) or not isinstance(N, (int, np.integer)):
+        raise TypeError(f"N must be an int, got {type(N).__name__}")
+    if N < 1:
+        raise ValueError(f"N must be a positive state size, got {N}")
+    return int(N)
+
+
+def make_HiPPO(N):
+    """The (negative) HiPPO-LegS matrix A, shape (N, N), float64.
+
+    A_nk = -sqrt(2n+1) sqrt(2k+1) for n > k, -(n+1) for n = k, 0 for n < k.
+    """
+    N = _check_N(N)
+    p = np.sqrt(1 + 2 * np.arange(N))
+    A = p[:, None] * p[None, :]  # sqrt(2n+1) sqrt(2k+1) everywhere
+    A = np.tril(A) - np.diag(np.arange(N))  # diagonal: (2n+1) - n = n+1
+    return -A
+
+
+def make_NPLR_HiPPO(N):
+    """HiPPO as normal plus low rank: (A, P, B) with A + P P^T normal.
+
+    P_n = sqrt(n + 1/2) and B_n = sqrt(2n + 1), the HiPPO-LegS input vector.
+    Adding P P^T to A gives -1/2 on the diagonal and a skew-symmetric rest.
+    """
+    A = make_HiPPO(N)
+    P = np.sqrt(np.arange(N) + 0.5)
+    B = np.sqrt(2 * np.arange(N) + 1.0)
+    return A, P, B
+
+
+def make_DPLR_HiPPO(N):
+    """HiPPO as diagonal plus low rank in the eigenbasis of its normal part.
+
+    Returns (Lambda, P, B, V), complex128, with
+    A = V (diag(Lambda) - P P^*) V^*, where P and B are expressed in that basis.
+
+    S = A + P P^T = -1/2 I + (skew-symmetric), so S is normal with eigenvalues
+    -1/2 + i w. We diagonalise the Hermitian matrix -i S with `eigh` (which is
+    exact-to-rounding and gives an orthonormal V), then read off w.
+    """
+    A, P, B = make_NPLR_HiPPO(N)
+    S = A + P[:, None] * P[None, :]
+    S_diag = np.diagonal(S)
+    Lambda_real = np.mean(S_diag) * np.ones_like(S_diag)  # all -1/2
+    Lambda_imag, V = np.linalg.eigh(S * -1j)
+    P = V.conj().T @ P
+    B = V.conj().T @ B
+    return Lambda_real + 1j * Lambda_imag, P, B, V
+
+
+def legendre_reconstruct(c, t, s):
+    """The signal encoded by HiPPO-LegS coefficients c at time t, evaluated at s.
+
+    HiPPO-LegS approximates the history on [0, t] by
+    u(s) ~ sum_n c_n sqrt(2n+1) P_n(2 s / t - 1), with P_n the Legendre
+    polynomials. c has shape (N,), s any shape with 0 <= s <= t.
+    """
+    c = np.asarray(c, dtype=np.float64)
+    if c.ndim != 1:
+        raise ValueError(f"c must be a 1-D coefficient vector, got shape {c.shape}")
+    if not t > 0:
+        raise ValueError(f"t must be positive, got {t}")
+    s = np.asarray(s, dtype=np.float64)
+    N = c.shape[0]
+    x = 2.0 * s / t - 1.0
+    scale = np.sqrt(2 * np.arange(N) + 1.0)
+    return np.polynomial.legendre.legval(x, c * scale)
+
+
+def hippo_legs_states(u, N, dt=None):
+    """Run HiPPO-LegS online on a sampled signal: the states c_k, shape (L, N).
+
+    The scale-invariant LegS ODE is c'(t) = (1/t) A c(t) + (1/t) B u(t) with
+    A = make_HiPPO(N) (already negative). Its bilinear discretisation at
+    t_k = k dt uses the step dt / t_k = 1 / k, so dt cancels:
+
+        c_k = (I - A/(2k))^{-1} [(I + A/(2k)) c_{k-1} + (B/k) u_k].
+
+    c_k encodes the whole history u_1 .. u_k (see `legendre_reconstruct`).
+    NumPy float64, one small solve per step: a tool for figures, not training.
+    """
+    u = np.asarray(u, dtype=np.float64)
+    if u.ndim != 1:
+        raise ValueError(f"u must be a 1-D sequence of shape (L,), got {u.shape}")
+    A, _, B = make_NPLR_HiPPO(N)
+    I = np.eye(N)
+    c = np.zeros(N)
+    out = np.empty((u.shape[0], N))
+    for k in range(1, u.shape[0] + 1):
+        h = 1.0 / k
+        c = np.linalg.solve(I - (h / 2) * A, (I + (h / 2) * A) @ c + h * B * u[k - 1])
+        out[k - 1] = c
+    return out

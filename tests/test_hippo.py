@@ -1,0 +1,61 @@
+import numpy as np
+import pytest
+
+from annotated_s4.hippo import (
+    hippo_legs_states,
+    legendre_reconstruct,
+    make_DPLR_HiPPO,
+    make_HiPPO,
+    make_NPLR_HiPPO,
+)
+
+
+def test_hippo_entries():
+    A = make_HiPPO(5)
+    assert A[3, 1] == pytest.approx(-np.sqrt(7 * 3))
+    assert A[2, 2] == pytest.approx(-3.0)
+    assert np.all(np.triu(A, 1) == 0)
+
+
+def test_nplr_is_normal():
+    A, P, B = make_NPLR_HiPPO(16)
+    S = A + np.outer(P, P)
+    assert np.allclose(S @ S.T, S.T @ S, atol=1e-10)
+    assert np.allclose(np.diag(S), -0.5)
+    assert np.allclose(B, np.sqrt(2 * np.arange(16) + 1))
+
+
+@pytest.mark.parametrize("N", [4, 16, 64])
+def test_dplr_reconstructs_hippo(N):
+    Lambda, P, B, V = make_DPLR_HiPPO(N)
+    A = V @ (np.diag(Lambda) - np.outer(P, P.conj())) @ V.conj().T
+    Ahippo = make_HiPPO(N)
+    assert np.abs(A - Ahippo).max() / np.abs(Ahippo).max() < 1e-8
+    assert np.allclose(V.conj().T @ V, np.eye(N), atol=1e-10)
+    assert np.allclose(Lambda.real, -0.5)
+    _, _, B0 = make_NPLR_HiPPO(N)
+    assert np.allclose(V @ B, B0, atol=1e-10)
+
+
+def test_legs_reconstructs_smooth_history():
+    L, N = 500, 32
+    t = np.arange(1, L + 1) / L
+    u = np.sin(8 * t) + t**2
+    c = hippo_legs_states(u, N)
+    rec = legendre_reconstruct(c[-1], L, np.arange(1, L + 1) - 0.5)
+    # discretisation error O(1/L), largest over the first steps (coarse 1/k)
+    assert np.abs(rec - u).mean() < 5e-3
+    assert np.abs(rec - u).max() < 2e-2
+    rec_half = legendre_reconstruct(c[L // 2 - 1], L // 2, np.arange(1, L // 2 + 1) - 0.5)
+    assert np.abs(rec_half - u[: L // 2]).mean() < 5e-3
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="N"):
+        make_HiPPO(0)
+    with pytest.raises(TypeError, match="N"):
+        make_DPLR_HiPPO(3.0)
+    with pytest.raises(ValueError, match="u"):
+        hippo_legs_states(np.zeros((3, 2)), 4)
+    with pytest.raises(ValueError, match="t"):
+        legendre_reconstruct(np.zeros(3), 0.0, 0.5)

@@ -1,0 +1,132 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import enable_x64
+
+import annotated_s4  # noqa: F401  (sets the XLA flag first)
+from annotated_s4.hippo import make_DPLR_HiPPO, make_HiPPO, make_NPLR_HiPPO
+from annotated_s4.s4 import (
+    K_conv_power,
+    K_gen_inverse,
+    K_gen_simple,
+    cauchy,
+    conv_from_gen,
+    discrete_DPLR,
+    kernel_DPLR,
+    kernel_diagonal,
+    s4d_inv_init,
+    s4d_lin_init,
+)
+from annotated_s4.ssm import K_conv, discretize, random_SSM
+
+
+def _rel(a, b):
+    return float(jnp.abs(a - b).max() / jnp.abs(b).max())
+
+
+def test_generating_functions_recover_kernel():
+    with enable_x64():
+        N, L = 6, 16
+        A, B, C = random_SSM(jax.random.PRNGKey(0), N)
+        Ab, Bb, Cb = discretize(jnp.asarray(make_HiPPO(N)), B, C, 1.0 / L)
+        K = K_conv(Ab, Bb, Cb, L)
+        assert _rel(conv_from_gen(K_gen_simple(Ab, Bb, Cb, L), L), K) < 1e-12
+        assert _rel(conv_from_gen(K_gen_inverse(Ab, Bb, Cb, L), L), K) < 1e-12
+        assert _rel(K_conv_power(Ab, Bb, Cb, L), K) < 1e-12
+
+
+def test_cauchy_matches_dense():
+    rng = np.random.RandomState(0)
+    v, lam = rng.randn(5) + 1j * rng.randn(5), rng.randn(5) + 1j * rng.randn(5)
+    om = rng.randn(7) + 1j * rng.randn(7)
+    expect = (1.0 / (om[:, None] - lam[None, :])) @ v
+    with enable_x64():
+        assert np.allclose(cauchy(v, om, lam), expect, rtol=1e-12)
+
+
+@pytest.mark.parametrize("N,L", [(8, 16), (16, 256)])
+def test_kernel_DPLR_matches_dense(N, L):
+    with enable_x64():
+        Lambda, P, B, _ = make_DPLR_HiPPO(N)
+        A = np.diag(Lambda) - np.outer(P, P.conj())
+        rng = np.random.RandomState(1)
+        C = rng.randn(N) + 1j * rng.randn(N)
+        Ab, Bb, Cb = discretize(jnp.asarray(A), jnp.asarray(B)[:, None], jnp.asarray(C)[None, :], 1.0 / L)
+        dense = K_conv_power(Ab, Bb, Cb.conj(), L).real
+        Ct = (np.eye(N) - np.linalg.matrix_power(np.asarray(Ab), L)).conj().T @ np.asarray(Cb).ravel()
+        fast = kernel_DPLR(Lambda, P, P, B, Ct, 1.0 / L, L)
+        assert _rel(fast, dense) < 1e-8
+
+
+def test_kernel_DPLR_matches_hippo_in_original_basis():
+    # The real HiPPO SSM (A, B, C) and its DPLR form give the same kernel.
+    with enable_x64():
+        N, L, step = 16, 128, 0.01
+        A, _, B0 = make_NPLR_HiPPO(N)
+        C0 = np.random.RandomState(2).randn(N)
+        Ab, Bb, Cb = discretize(jnp.asarray(A), jnp.asarray(B0)[:, None], jnp.asarray(C0)[None, :], step)
+        dense = K_conv_power(Ab, Bb, Cb, L)
+        Lambda, P, B, V = make_DPLR_HiPPO(N)
+        # C in the eigenbasis is C0 V; C~ = C (I - Ab^L); the kernel uses conj(C~).
+        AbV = V.conj().T @ np.asarray(Ab) @ V
+        Ct = ((C0 @ V) @ (np.eye(N) - np.linalg.matrix_power(AbV, L))).conj()
+        fast = kernel_DPLR(Lambda, P, P, B, Ct, step, L)
+        assert _rel(fast, dense) < 1e-8
+
+
+def test_discrete_DPLR_unrolls_to_kernel():
+    with enable_x64():
+        N, L = 8, 64
+        Lambda, P, B, _ = make_DPLR_HiPPO(N)
+        rng = np.random.RandomState(3)
+        Ct = rng.randn(N) + 1j * rng.randn(N)
+        K = kernel_DPLR(Lambda, P, P, B, Ct, 0.05, L)
+        Ab, Bb, Cb = discrete_DPLR(Lambda, P, P, B, Ct, 0.05, L)
+        assert Ab.shape == (N, N) and Bb.shape == (N, 1) and Cb.shape == (1, N)
+        assert _rel(K_conv(Ab, Bb, Cb, L).real, K) < 1e-8
+        # Ab is the bilinear discretisation of the DPLR matrix
+        A = np.diag(Lambda) - np.outer(P, P.conj())
+        Ab2, Bb2, _ = discretize(jnp.asarray(A), jnp.asarray(B)[:, None], jnp.ones((1, N)), 0.05)
+        assert np.allclose(Ab, Ab2, atol=1e-10) and np.allclose(Bb, Bb2, atol=1e-10)
+
+
+def test_kernel_DPLR_float32_accurate_at_16k():
+    N, L = 64, 16384
+    Lambda, P, B, _ = make_DPLR_HiPPO(N)
+    Ct = np.random.RandomState(4).randn(N) * (1 + 0j)
+    with enable_x64():
+        ref = np.asarray(kernel_DPLR(Lambda, P, P, B, Ct, 1.0 / L, L))
+    k32 = kernel_DPLR(*(jnp.asarray(x, jnp.complex64) for x in (Lambda, P, P, B, Ct)), 1.0 / L, L)
+    assert k32.dtype == jnp.float32
+    assert np.abs(np.asarray(k32) - ref).max() / np.abs(ref).max() < 1e-3
+
+
+def test_s4d_inits_and_kernel():
+    lin, inv = s4d_lin_init(8), s4d_inv_init(8)
+    assert lin.shape == inv.shape == (4,)
+    assert np.allclose(lin.real, -0.5) and np.allclose(lin.imag, np.pi * np.arange(4))
+    assert np.allclose(inv.imag, (8 / np.pi) * (8 / (2 * np.arange(4) + 1) - 1), rtol=1e-6)
+    # diagonal kernel == kernel of the dense diagonal SSM (ZOH)
+    with enable_x64():
+        Lam = np.asarray(lin, np.complex128)
+        B, C = np.ones(4) + 0j, np.arange(1, 5) + 1j
+        K = kernel_diagonal(Lam, B, C, 0.1, 20)
+        Lb = np.exp(0.1 * Lam)
+        Bb = (Lb - 1) / Lam * B
+        dense = np.array([(C * Lb**l * Bb).sum().real for l in range(20)])
+        assert np.allclose(K, dense, rtol=1e-10)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="N must be even"):
+        s4d_lin_init(5)
+    Lambda, P, B, _ = make_DPLR_HiPPO(4)
+    with pytest.raises(ValueError, match="C"):
+        kernel_DPLR(Lambda, P, P, B, np.ones(3), 0.1, 8)
+    with pytest.raises(ValueError, match="step"):
+        kernel_DPLR(Lambda, P, P, B, np.ones(4), -0.1, 8)
+    with pytest.raises(TypeError, match="L"):
+        discrete_DPLR(Lambda, P, P, B, np.ones(4), 0.1, 8.0)
+    with pytest.raises(ValueError, match="omega"):
+        cauchy(np.ones(3), np.ones((2, 2)), np.ones(3))
