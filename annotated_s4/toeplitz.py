@@ -1,0 +1,321 @@
+"""Toeplitz-to-SSM conversion (ETSC), its gradient-descent baseline, and decoding.
+
+A causal long convolution ``y_i = sum_{j<=i} t_{i-j} x_j`` is a lower-triangular
+Toeplitz matrix T applied to x. A diagonal SSM with state matrix diag(lambda),
+input vector b and C = 1 is a special one, with ``t_i = sum_k b_k lambda_k^i``.
+ETSC (Qin & Zhong, 2023) inverts that map in closed form: append
+``t_n = -sum_i t_i`` (the inclusion equation) and take lambda to be the (n+1)-th
+roots of unity, so that the Vandermonde system becomes a DFT.
+
+Everything here is a pure function of arrays; the three decoders are small
+classes that hold arrays and expose one functional interface
+(``init() -> state``, ``step(state, x_t) -> (state, y_t)``, ``decode(x)``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+__all__ = [
+    "etsc",
+    "ssm_to_toeplitz",
+    "ssm_to_toeplitz_naive",
+    "etsc_kernel",
+    "toeplitz_matvec",
+    "fit_toeplitz_gradient",
+    "FFTDecoder",
+    "CacheDecoder",
+    "SSMDecoder",
+]
+
+
+def _check_kernel(t, name="t"):
+    t = jnp.asarray(t)
+    if t.ndim not in (1, 2):
+        raise ValueError(f"{name} must have shape (n,) or (n, d), got {t.shape}")
+    if t.shape[0] < 1 or t.size == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {t.shape}")
+    if not jnp.issubdtype(t.dtype, jnp.floating):
+        raise TypeError(f"{name} must be a real floating-point array, got {t.dtype}")
+    if not isinstance(t, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(t))):
+        raise ValueError(f"{name} must be finite (no NaN or inf)")
+    return t
+
+
+def _check_ssm(lambd, b):
+    lambd, b = jnp.asarray(lambd), jnp.asarray(b)
+    if lambd.ndim != 1 or lambd.shape[0] < 1:
+        raise ValueError(f"lambd must have shape (h,), got {lambd.shape}")
+    if b.ndim not in (1, 2) or b.shape[0] != lambd.shape[0]:
+        raise ValueError(
+            f"b must have shape (h,) or (h, d) with h = {lambd.shape[0]}, got {b.shape}"
+        )
+    if not (bool(jnp.all(jnp.isfinite(lambd))) and bool(jnp.all(jnp.isfinite(b)))):
+        raise ValueError("lambd and b must be finite (no NaN or inf)")
+    return lambd, b
+
+
+def etsc(t):
+    """Exact Toeplitz-to-SSM conversion (Algorithm 1 of ETSC).
+
+    t: (n,) or (n, d) real kernel(s). Returns (lambd, b): lambd (n,) complex,
+    the (n+1)-th roots of unity exp(2 pi i k / (n+1)), k = 1..n, shared by
+    every channel; b (n,) or (n, d) complex, so that
+    ``t_i = Re sum_k b_k lambd_k^i`` for 0 <= i < n (in fact for i <= n, where
+    it gives -sum t).
+    """
+    t = _check_kernel(t)
+    n = t.shape[0]
+    N = n + 1
+    # Inclusion equation: append t_n = -sum t so that the DFT's zero
+    # frequency (the all-ones first row of the Vandermonde matrix) vanishes.
+    t_bar = jnp.concatenate([t, -t.sum(axis=0, keepdims=True)], axis=0)
+    # t_bar_i = (1/N) sum_k T_k w^{ik}, w = exp(2 pi i / N), T = DFT(t_bar), T_0 = 0.
+    b = jnp.fft.fft(t_bar, axis=0)[1:] / N
+    k = jnp.arange(1, N)
+    lambd = jnp.exp(2j * jnp.pi * k / N).astype(b.dtype)
+    return lambd, b
+
+
+def _on_etsc_grid(lambd):
+    """True if lambd are exactly the ETSC roots of unity exp(2 pi i k/(h+1))."""
+    h = lambd.shape[0]
+    k = jnp.angle(lambd) * (h + 1) / (2 * jnp.pi)
+    k = jnp.where(k < 0.5, k + (h + 1), k)  # angles in (-pi, pi] -> k in 1..h
+    return bool(
+        jnp.all(jnp.abs(k - jnp.arange(1, h + 1)) < 1e-2)
+        and jnp.all(jnp.abs(jnp.abs(lambd) - 1) < 1e-4)
+    )
+
+
+def ssm_to_toeplitz(lambd, b, n):
+    """The kernel t_i = Re sum_k b_k lambd_k^i, i < n, evaluated accurately.
+
+    lambd (h,) complex, b (h,) or (h, d) complex; returns (n,) or (n, d) real.
+
+    The powers lambd_k^i are where precision goes: a float32 lambd carries a
+    relative error ~6e-8 that the i-th power multiplies by i. For the ETSC
+    roots of unity the exponent is known exactly, w^{ik} = w^{(ik mod (h+1))},
+    and the sum over k is an inverse DFT, which computes every phase from the
+    integer ik mod (h+1); we evaluate it that way (O(h log h), exact to the
+    working precision, periodic with period h+1 beyond i = h). Any other lambd
+    is evaluated as exp(i log lambd) chunk by chunk.
+    """
+    lambd, b = _check_ssm(lambd, b)
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if _on_etsc_grid(lambd):
+        return etsc_kernel(b, n)
+    log_l = jnp.log(lambd)
+    bb = b if b.ndim == 2 else b[:, None]
+
+    def rows(i):  # i: (chunk,) exponents
+        V = jnp.exp(i[:, None].astype(log_l.real.dtype) * log_l[None, :])
+        return (V @ bb).real
+
+    chunk = 256
+    m = -(-n // chunk) * chunk
+    out = jax.lax.map(rows, jnp.arange(m).reshape(-1, chunk)).reshape(m, -1)[:n]
+    return out if b.ndim == 2 else out[:, 0]
+
+
+def etsc_kernel(b, n):
+    """t_i = Re sum_k b_k w^{ik}, w = exp(2 pi i/(h+1)), for the ETSC grid, i < n.
+
+    The sum over k is an inverse DFT of (0, b_1..b_h): every phase comes from
+    the integer ik mod (h+1). Periodic with period h+1. No input checks (it is
+    called inside jitted layers); `ssm_to_toeplitz` is the checked entry point.
+    """
+    N = b.shape[0] + 1
+    spectrum = jnp.concatenate([jnp.zeros_like(b[:1]), b], axis=0)
+    period = (N * jnp.fft.ifft(spectrum, axis=0)).real  # i = 0..h
+    return period[jnp.arange(n) % N]
+
+
+def ssm_to_toeplitz_naive(lambd, b, n):
+    """The same kernel with the powers lambd^i taken literally (jnp.power):
+    the textbook Vandermonde evaluation, whose float32 error grows with i."""
+    lambd, b = _check_ssm(lambd, b)
+    i = jnp.arange(n)
+    V = jnp.power(lambd[None, :], i[:, None])
+    return (V @ b).real
+
+
+def toeplitz_matvec(t, x):
+    """y = T x for the causal Toeplitz matrix of t: y_i = sum_{j<=i} t_{i-j} x_j.
+
+    t (n,) or (n, d); x (n,) or (n, d) (same shape). Zero-padded FFT, O(n log n).
+    """
+    t, x = _check_kernel(t), _check_kernel(x, "x")
+    if t.shape != x.shape:
+        raise ValueError(f"x must have the shape of t, {t.shape}, got {x.shape}")
+    n = t.shape[0]
+    y = jnp.fft.irfft(jnp.fft.rfft(t, 2 * n, axis=0) * jnp.fft.rfft(x, 2 * n, axis=0),
+                      2 * n, axis=0)
+    return y[:n]
+
+
+def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0):
+    """The gradient baseline (Algorithm 2 of ETSC): fit lambd, b by Adam.
+
+    Per channel, lambd = sigmoid(r) exp(i theta) and b = b_re + i b_im with
+    r, theta, b_re, b_im ~ N(0, 1), minimising sum_i |t_i - sum_k b_k lambd_k^i|^2
+    (scaled by sum t^2). Returns (lambd, b, losses): lambd and b of shape (h,)
+    or (h, d) (one set per channel), losses (steps,) the relative squared error.
+    Memory is O(n h d): the Vandermonde tensor is formed at each step.
+    """
+    t = _check_kernel(t)
+    if not isinstance(h, (int, np.integer)) or h < 1:
+        raise ValueError(f"h must be a positive integer, got {h!r}")
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    squeeze = t.ndim == 1
+    t2 = t[:, None] if squeeze else t
+    n, d = t2.shape
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    params = {name: jax.random.normal(k, (h, d), t.dtype)
+              for name, k in zip(("r", "theta", "b_re", "b_im"), keys)}
+    i = jnp.arange(n, dtype=t.dtype)[:, None, None]
+    scale = jnp.sum(t2 ** 2) + jnp.finfo(t.dtype).tiny
+
+    def unpack(p):
+        return (jax.nn.sigmoid(p["r"]) * jnp.exp(1j * p["theta"]),
+                p["b_re"] + 1j * p["b_im"])
+
+    def loss(p):
+        # log lambd = log sigmoid(r) + i theta; lambd^i = exp(i log lambd)
+        log_l = jax.nn.log_sigmoid(p["r"]) + 1j * p["theta"]
+        pred = jnp.sum(jnp.exp(i * log_l[None]) * (p["b_re"] + 1j * p["b_im"])[None], axis=1)
+        return jnp.sum(jnp.abs(t2 - pred) ** 2) / scale
+
+    tx = optax.adam(lr)
+
+    def body(carry, _):
+        p, s = carry
+        value, g = jax.value_and_grad(loss)(p)
+        updates, s = tx.update(g, s, p)
+        return (optax.apply_updates(p, updates), s), value
+
+    (params, _), losses = jax.jit(
+        lambda p: jax.lax.scan(body, (p, tx.init(p)), None, length=steps)
+    )(params)
+    lambd, b = unpack(params)
+    if squeeze:
+        lambd, b = lambd[:, 0], b[:, 0]
+    return lambd, b, losses
+
+
+# ---------------------------------------------------------------- decoders
+#
+# Decoding one token at a time from a causal convolution y_i = sum_j t_{i-j} x_j,
+# with d channels and sequences up to n_max. All three share one interface:
+#   state = dec.init()            # arrays only, so it can live in a jax.lax.scan
+#   state, y_t = dec.step(state, x_t)   # x_t, y_t: (d,)
+#   y = dec.decode(x)             # x: (L, d), L <= n_max; scans step
+
+
+class _Decoder:
+    def decode(self, x):
+        """Run step over x (L, d) from a fresh state; returns y (L, d)."""
+        x = _check_kernel(x, "x")
+        x = x[:, None] if x.ndim == 1 else x
+        if x.shape[1] != self.d:
+            raise ValueError(f"x must have {self.d} channels, got shape {x.shape}")
+        return jax.lax.scan(self.step, self.init(), x)[1]
+
+
+class FFTDecoder(_Decoder):
+    """Recompute: keep the inputs so far in a buffer and redo the whole causal
+    convolution by FFT for every new token: O(n log n * d) per token."""
+
+    def __init__(self, t):
+        t = _check_kernel(t)
+        self.t = t[:, None] if t.ndim == 1 else t
+        self.n, self.d = self.t.shape
+        self.t_hat = jnp.fft.rfft(self.t, 2 * self.n, axis=0)
+
+    def init(self):
+        return jnp.zeros_like(self.t), jnp.zeros((), jnp.int32)
+
+    def step(self, state, x_t):
+        buf, i = state
+        buf = buf.at[i].set(x_t)
+        y = jnp.fft.irfft(jnp.fft.rfft(buf, 2 * self.n, axis=0) * self.t_hat,
+                          2 * self.n, axis=0)
+        return (buf, i + 1), y[i]
+
+
+class CacheDecoder(_Decoder):
+    """Cache (the KV-cache analogue): keep the past inputs and compute only the
+    new output, y_i = sum_{j<=i} t_{i-j} x_j: O(n d) per token, O(n d) memory."""
+
+    def __init__(self, t):
+        t = _check_kernel(t)
+        self.t = t[:, None] if t.ndim == 1 else t
+        self.n, self.d = self.t.shape
+        # reversed kernel: t_rev[j] = t[n-1-j], so t_{i-j} = t_rev[n-1-i+j]
+        self.t_rev_padded = jnp.concatenate([self.t[::-1], jnp.zeros_like(self.t)], 0)
+
+    def init(self):
+        return jnp.zeros_like(self.t), jnp.zeros((), jnp.int32)
+
+    def step(self, state, x_t):
+        buf, i = state
+        buf = buf.at[i].set(x_t)
+        # rows n-1-i .. 2n-2-i of the padded reversed kernel: t_{i-j} for j <= i, 0 after
+        taps = jax.lax.dynamic_slice_in_dim(self.t_rev_padded, self.n - 1 - i, self.n, 0)
+        return (buf, i + 1), jnp.sum(taps * buf, axis=0)
+
+
+class SSMDecoder(_Decoder):
+    """SSM recurrence: x_k <- lambd_k x_k + b_k u, y = Re sum_k x_k: O(h d) per
+    token and O(h d) memory, whatever the position in the sequence.
+
+    Built from (lambd, b), e.g. ``etsc(t)``. With ``exact_phase=False`` the
+    state is the literal recurrence above; in float32 it drifts, because the
+    rounding error of every lambd_k (relative ~6e-8) compounds into lambd_k^i.
+
+    With ``exact_phase=True`` (the default, for lambd on the ETSC grid) the
+    state is kept in the rotating frame z_k = lambd_k^{-i} x_k, which obeys
+    z_k <- z_k + b_k lambd_k^{-i} u_i, and y_i = Re sum_k lambd_k^i z_k. The
+    powers lambd_k^{+-i} are looked up from a table of the h+1 roots of unity at
+    the integer index p_k = ik mod (h+1), carried in the state and advanced by
+    p_k <- (p_k + k) mod (h+1). No power of a rounded number is ever formed, so
+    the error is that of a running sum, not of a compounding product. The cost
+    per token stays O(h d).
+    """
+
+    def __init__(self, lambd, b, exact_phase=True):
+        lambd, b = _check_ssm(lambd, b)
+        self.lambd = lambd
+        self.b = b[:, None] if b.ndim == 1 else b
+        self.h, self.d = self.b.shape
+        if exact_phase and not _on_etsc_grid(lambd):
+            raise ValueError("exact_phase=True needs lambd on the ETSC grid "
+                             "exp(2 pi i k/(h+1)), k = 1..h (pass exact_phase=False)")
+        self.exact_phase = exact_phase
+        if exact_phase:
+            N = self.h + 1
+            real = self.b.real.dtype
+            self.k = jnp.arange(1, N, dtype=jnp.int32)
+            m = jnp.arange(N)
+            self.roots = jnp.exp(2j * jnp.pi * m.astype(real) / N).astype(self.b.dtype)
+
+    def init(self):
+        z = jnp.zeros((self.h, self.d), self.b.dtype)
+        if self.exact_phase:
+            return z, jnp.zeros((self.h,), jnp.int32)
+        return z
+
+    def step(self, state, x_t):
+        if not self.exact_phase:
+            state = self.lambd[:, None] * state + self.b * x_t[None, :]
+            return state, state.real.sum(axis=0)
+        z, p = state
+        w = self.roots[p][:, None]  # lambd_k^i, from the exact integer phase
+        z = z + self.b * jnp.conj(w) * x_t[None, :]
+        y = (w * z).real.sum(axis=0)
+        return (z, (p + self.k) % (self.h + 1)), y
