@@ -1,0 +1,160 @@
+"""Tests for annotated_s4.h3: shift SSM, H3 (Algorithm 1), state passing, RNN mode."""
+
+import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from annotated_s4.h3 import (
+    CausalSelfAttention, DiagonalSSM, H3Layer, LastTokenModel, ShiftSSM,
+    fft_conv, shift_kernel, shift_matrix,
+)
+from annotated_s4.layers import StackedModel
+
+
+def _u(shape, seed=0):
+    return jax.random.normal(jax.random.PRNGKey(seed), shape)
+
+
+def test_shift_kernel_is_C_A_power_B():
+    N, L = 5, 9
+    C = jnp.arange(1.0, N + 1)
+    A, B = shift_matrix(N), jnp.eye(N)[:, 0]
+    direct = jnp.array([C @ jnp.linalg.matrix_power(A, l) @ B for l in range(L)])
+    assert jnp.allclose(shift_kernel(C, L), direct)
+    assert jnp.allclose(direct[N:], 0.0)
+
+
+def test_shift_ssm_shifts():
+    layer = ShiftSSM(3, 4, rngs=nnx.Rngs(0))
+    layer.C[...] = jnp.zeros((3, 4)).at[:, 2].set(1.0)  # C = e_2: delay by 2
+    u = _u((2, 10, 3))
+    y = layer(u)
+    assert jnp.allclose(y[:, 2:], u[:, :-2], atol=1e-5)
+    assert jnp.allclose(y[:, :2], 0.0, atol=1e-5)
+
+
+def _algorithm1_loop(layer, u):
+    """Algorithm 1 step by step with explicit sums over time (numpy, float64)."""
+    p = lambda lin: (np.asarray(lin.kernel[...], np.float64), np.asarray(lin.bias[...], np.float64))
+    u = np.asarray(u, np.float64)
+    b, L, H = u.shape
+    (WQ, bQ), (WK, bK), (WV, bV), (WO, bO) = map(p, (layer.W_Q, layer.W_K, layer.W_V, layer.W_O))
+    Q, K, V = u @ WQ + bQ, u @ WK + bK, u @ WV + bV
+    C = np.asarray(layer.shift.C[...], np.float64)
+    Ks = np.zeros_like(K)
+    for t in range(L):
+        for j in range(min(C.shape[1], t + 1)):
+            Ks[:, t] += C[:, j] * K[:, t - j]
+    Lambda, Cd, step = (np.asarray(a) for a in layer.diag.params())
+    Lambda, Cd = Lambda.astype(np.complex128), Cd.astype(np.complex128)
+    Lb = np.exp(step.astype(np.float64)[:, None] * Lambda)
+    Bb = (Lb - 1) / Lambda
+    D = np.asarray(layer.diag.D[...], np.float64)
+    nh, dh = layer.n_heads, layer.head_dim
+    out = np.zeros((b, L, H))
+    for h in range(nh):
+        sl = slice(h * dh, (h + 1) * dh)
+        kv = Ks[:, :, sl, None] * V[:, :, None, sl]               # (b, L, dh, dh)
+        Kd = (2 * (Cd[h] * Bb[h])[None, :] * Lb[h][None, :] ** np.arange(L)[:, None]).sum(1).real
+        for t in range(L):
+            mem = D[h] * kv[:, t] + sum(Kd[s] * kv[:, t - s] for s in range(t + 1))
+            out[:, t, sl] = np.einsum("bi,bij->bj", Q[:, t, sl], mem)
+    return out @ WO + bO
+
+
+@pytest.mark.parametrize("head_dim", [1, 4])
+def test_h3_matches_algorithm1_loop(head_dim):
+    layer = H3Layer(8, rngs=nnx.Rngs(1), head_dim=head_dim, state_size=6, shift_size=3)
+    u = _u((2, 12, 8), seed=2)
+    assert np.allclose(layer(u), _algorithm1_loop(layer, u), atol=1e-4)
+
+
+def test_state_passing_equals_full_convolution():
+    layer = H3Layer(8, rngs=nnx.Rngs(3), head_dim=2, state_size=8, shift_size=4)
+    u = _u((2, 48, 8), seed=4)
+    full = layer(u)
+    for chunk in (48, 16, 12, 1):
+        assert jnp.allclose(layer.chunked(u, chunk), full, atol=1e-4), chunk
+
+
+def _run_rnn(layer, u):
+    layer.init_cache(u.shape[0])
+    return jnp.stack([layer.step(u[:, t]) for t in range(u.shape[1])], axis=1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: H3Layer(8, rngs=nnx.Rngs(5), head_dim=4, state_size=8, shift_size=3),
+    lambda: DiagonalSSM(8, 8, rngs=nnx.Rngs(6)),
+    lambda: ShiftSSM(8, 3, rngs=nnx.Rngs(7)),
+    lambda: CausalSelfAttention(8, rngs=nnx.Rngs(8), n_heads=2, max_len=16),
+])
+def test_rnn_mode_equals_cnn_mode(make):
+    layer = make()
+    u = _u((3, 16, 8), seed=9)
+    assert jnp.allclose(_run_rnn(layer, u), layer(u), atol=1e-4)
+
+
+def test_attention_is_causal():
+    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2)
+    u = _u((1, 10, 8))
+    y1 = layer(u)
+    y2 = layer(u.at[:, 6:].set(0.0))
+    assert jnp.allclose(y1[:, :6], y2[:, :6], atol=1e-5)
+    assert not jnp.allclose(y1[:, 6:], y2[:, 6:], atol=1e-3)
+
+
+def test_fft_conv_shares_kernel():
+    u = _u((2, 10, 3, 4))
+    K = _u((3, 1, 10), seed=1)
+    y = fft_conv(u, K, axis=1)
+    direct = jnp.stack([sum(K[:, :, s] * u[:, t - s] for s in range(t + 1)) for t in range(10)], 1)
+    assert jnp.allclose(y, direct, atol=1e-4)
+
+
+def test_stacked_generation_equals_parallel():
+    model = StackedModel(lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4, state_size=8),
+                         7, 16, 2, rngs=nnx.Rngs(0), vocab_size=7, classification=False)
+    model.eval()
+    x = jnp.array(np.random.default_rng(0).integers(0, 7, (2, 9)), jnp.int32)
+    logp = model(x)
+    model.init_cache(2)
+    prev = jnp.full((2,), model.start_token, jnp.int32)
+    for t in range(9):
+        assert jnp.allclose(model.step(prev), logp[:, t], atol=1e-4)
+        prev = x[:, t]
+
+
+def test_last_token_model_sees_whole_input():
+    inner = StackedModel(lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4), 5, 8, 1,
+                         rngs=nnx.Rngs(0), vocab_size=5, classification=False)
+    model = LastTokenModel(inner)
+    x = jnp.zeros((2, 6), jnp.int32)
+    out = model(x)
+    assert out.shape == (2, 5)
+    assert not jnp.allclose(out, model(x.at[:, -1].set(3)), atol=1e-6)
+
+
+def test_bad_arguments_raise():
+    layer = H3Layer(8, rngs=nnx.Rngs(0), head_dim=4)
+    with pytest.raises(ValueError, match="u must have shape"):
+        layer(jnp.zeros((2, 5, 6)))
+    with pytest.raises(ValueError, match="u must have shape"):
+        layer(jnp.zeros((5, 8)))
+    with pytest.raises(ValueError, match="head_dim must divide H"):
+        H3Layer(8, rngs=nnx.Rngs(0), head_dim=3)
+    with pytest.raises(ValueError, match="n_heads must divide H"):
+        CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=3)
+    with pytest.raises(ValueError, match="init_cache"):
+        layer.step(jnp.zeros((2, 8)))
+    layer.init_cache(2)
+    with pytest.raises(ValueError, match="u_t must have shape"):
+        layer.step(jnp.zeros((2, 7)))
+    with pytest.raises(ValueError, match="chunk_size must divide"):
+        layer.chunked(jnp.zeros((1, 10, 8)), 3)
+    with pytest.raises(ValueError, match="L must be a positive int"):
+        shift_kernel(jnp.ones(3), 0)
+    with pytest.raises(ValueError, match="K must have length"):
+        fft_conv(jnp.zeros((1, 5, 2)), jnp.zeros((2, 4)))
