@@ -31,6 +31,13 @@ __all__ = [
     "fetch",
     "read_idx",
     "load_mnist",
+    "MNIST_FILES",
+    "MNIST_SHA256",
+    "MNIST_MIRRORS",
+    "cache_dir",
+    "fetch",
+    "read_idx",
+    "load_mnist",
     "induction_head",
     "associative_recall",
 ]
@@ -186,6 +193,133 @@ def associative_recall(rng, n, seq_len=20, vocab_size=10):
     x[:, -1] = query
     y = mapping[np.arange(n), query]
     return x.astype(np.int32), y.astype(np.int32)
+
+
+# --- MNIST, for readers with a network (Colab) ---------------------------------
+#
+# The book itself runs offline on the sklearn digits. Readers with a network
+# can train on the real thing: `load_mnist` downloads the four official IDX
+# files once, checks their SHA-256, caches them and reads them with numpy.
+
+MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte.gz",
+    "train_labels": "train-labels-idx1-ubyte.gz",
+    "test_images": "t10k-images-idx3-ubyte.gz",
+    "test_labels": "t10k-labels-idx1-ubyte.gz",
+}
+MNIST_SHA256 = {
+    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+}
+# yann.lecun.com no longer serves the files; these mirrors hold the same bytes.
+MNIST_MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+
+
+def cache_dir():
+    """Where downloads live: $ANNOTATED_S4_CACHE, else ~/.cache/annotated_s4."""
+    return os.environ.get("ANNOTATED_S4_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "annotated_s4")
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch(name, directory, mirrors, sha256, timeout=30):
+    """Path of `name` in `directory`, downloaded from the first working mirror.
+
+    An existing file is used if its SHA-256 matches; a download is written to
+    a temporary name, checked, then moved into place. Raises RuntimeError
+    naming the file, the mirrors tried and the errors when nothing works (for
+    example offline), and ValueError on a checksum mismatch.
+    """
+    import urllib.request
+
+    path = os.path.join(directory, name)
+    if os.path.exists(path):
+        digest = _sha256(path)
+        if digest == sha256:
+            return path
+        raise ValueError(f"{path} has sha256 {digest}, expected {sha256}: "
+                         f"delete it to download it again")
+    os.makedirs(directory, exist_ok=True)
+    errors = []
+    for mirror in mirrors:
+        url = mirror + name
+        tmp = path + ".part"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r, open(tmp, "wb") as f:
+                shutil.copyfileobj(r, f)
+        except OSError as e:  # URLError, timeouts, refused connections
+            errors.append(f"{url}: {e}")
+            continue
+        digest = _sha256(tmp)
+        if digest != sha256:
+            os.remove(tmp)
+            errors.append(f"{url}: sha256 {digest}, expected {sha256}")
+            continue
+        os.replace(tmp, path)
+        return path
+    raise RuntimeError(
+        f"could not download {name} into {directory} (are you offline?). Tried:\n  "
+        + "\n  ".join(errors)
+        + f"\nDownload the file by hand into {directory}, or set "
+        "$ANNOTATED_S4_CACHE to a directory that holds it."
+    )
+
+
+def read_idx(path):
+    """Read a (gzipped) IDX file: the MNIST container of unsigned bytes."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise ValueError(f"{path} is not an IDX file of unsigned bytes")
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    offset = 4 + 4 * ndim
+    if len(data) - offset != int(np.prod(shape)):
+        raise ValueError(f"{path}: header says shape {shape}, but "
+                         f"{len(data) - offset} bytes follow")
+    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(shape)
+
+
+def load_mnist(directory=None, *, quantize=False, mirrors=MNIST_MIRRORS,
+               checksums=None):
+    """MNIST as 784-step pixel sequences, in the format of `load_digits_sequences`.
+
+    Downloads (once) the official IDX files into ``directory`` (default
+    `cache_dir()`), verifies their SHA-256 and returns a dict with ``x_train``,
+    ``y_train``, ``x_test``, ``y_test``: x of shape (n, 784, 1) floats in
+    [0, 1], or with ``quantize=True`` (n, 784) integer intensities 0..255.
+    """
+    directory = cache_dir() if directory is None else directory
+    checksums = MNIST_SHA256 if checksums is None else checksums
+    arrays = {}
+    for key, name in MNIST_FILES.items():
+        if name not in checksums:
+            raise ValueError(f"checksums has no entry for {name}")
+        arrays[key] = read_idx(fetch(name, directory, mirrors, checksums[name]))
+    out = {}
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim != 3 or labels.shape != images.shape[:1]:
+            raise ValueError(f"MNIST {split} files disagree: images {images.shape}, "
+                             f"labels {labels.shape}")
+        seqs = images.reshape(len(images), -1)
+        out[f"x_{split}"] = (seqs.astype(np.int32) if quantize
+                             else (seqs / 255.0).astype(np.float32)[..., None])
+        out[f"y_{split}"] = labels.astype(np.int32)
+    return out
 
 
 # --- MNIST, for readers with a network (Colab) ---------------------------------

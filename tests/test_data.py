@@ -1,0 +1,151 @@
+"""Tests for annotated_s4.data: the offline digits and the MNIST loader.
+
+The MNIST loader never touches the network here: the tests write tiny IDX
+files in the official format, and "download" them from a file:// mirror.
+"""
+
+import gzip
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+from annotated_s4 import data
+
+
+# --- digits -------------------------------------------------------------------
+
+
+def test_digits_shapes_and_ranges():
+    d = data.load_digits_sequences(side=8)
+    assert d["x_train"].shape[1:] == (64, 1) and d["x_train"].dtype == np.float32
+    assert len(d["x_train"]) + len(d["x_test"]) == 1797
+    assert 0.0 <= d["x_train"].min() and d["x_train"].max() <= 1.0
+    assert set(np.unique(d["y_train"])) == set(range(10))
+
+
+def test_digits_784_upsampling_keeps_corners_and_split():
+    small = data.load_digits_sequences(side=8)
+    big = data.load_digits_sequences(side=28)
+    assert big["x_train"].shape[1:] == (784, 1)
+    np.testing.assert_array_equal(small["y_test"], big["y_test"])
+    a = small["x_test"][:, :, 0].reshape(-1, 8, 8)
+    b = big["x_test"][:, :, 0].reshape(-1, 28, 28)
+    # bilinear resizing with aligned corners reproduces the corner pixels
+    for (i, j), (k, m) in [((0, 0), (0, 0)), ((7, 7), (27, 27)), ((0, 7), (0, 27))]:
+        np.testing.assert_allclose(a[:, i, j], b[:, k, m], atol=1e-6)
+
+
+def test_digits_quantized_tokens():
+    d = data.load_digits_sequences(side=8, quantize=True)
+    assert d["x_train"].shape[1:] == (64,)
+    assert np.issubdtype(d["x_train"].dtype, np.integer)
+    assert d["x_train"].min() >= 0 and d["x_train"].max() < data.DIGIT_LEVELS
+
+
+def test_digits_bad_arguments():
+    with pytest.raises(ValueError, match="side"):
+        data.load_digits_sequences(side=4)
+    with pytest.raises(ValueError, match="test_fraction"):
+        data.load_digits_sequences(test_fraction=1.5)
+
+
+def test_batches_cover_an_epoch_without_repeats():
+    rng = np.random.default_rng(0)
+    it = data.batches(rng, 10, 5)
+    first_epoch = np.concatenate([next(it), next(it)])
+    assert sorted(first_epoch) == list(range(10))
+    with pytest.raises(ValueError, match="batch_size"):
+        next(data.batches(rng, 10, 11))
+
+
+# --- MNIST loader on a tiny IDX fixture -----------------------------------------
+
+
+def _write_idx(path, array):
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+        int(n).to_bytes(4, "big") for n in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def mnist_fixture(tmp_path):
+    """A 'mirror' directory holding 5 train and 3 test images of 28x28."""
+    rng = np.random.default_rng(0)
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    arrays = {
+        "train-images-idx3-ubyte.gz": rng.integers(0, 256, (5, 28, 28)),
+        "train-labels-idx1-ubyte.gz": rng.integers(0, 10, (5,)),
+        "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (3, 28, 28)),
+        "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, (3,)),
+    }
+    sums = {}
+    for name, arr in arrays.items():
+        _write_idx(mirror / name, arr)
+        sums[name] = hashlib.sha256((mirror / name).read_bytes()).hexdigest()
+    return mirror, arrays, sums
+
+
+def test_official_constants():
+    assert set(data.MNIST_FILES.values()) == set(data.MNIST_SHA256)
+    assert all(len(h) == 64 and int(h, 16) >= 0 for h in data.MNIST_SHA256.values())
+    assert all(m.startswith("https://") and m.endswith("/") for m in data.MNIST_MIRRORS)
+
+
+def test_read_idx_roundtrip(mnist_fixture):
+    mirror, arrays, _ = mnist_fixture
+    got = data.read_idx(str(mirror / "t10k-images-idx3-ubyte.gz"))
+    np.testing.assert_array_equal(got, arrays["t10k-images-idx3-ubyte.gz"])
+
+
+def test_read_idx_rejects_truncated_file(tmp_path):
+    path = tmp_path / "bad.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(bytes([0, 0, 8, 1]) + (10).to_bytes(4, "big") + b"\x00" * 3)
+    with pytest.raises(ValueError, match="bytes follow"):
+        data.read_idx(str(path))
+
+
+def test_load_mnist_downloads_checks_and_caches(mnist_fixture, tmp_path):
+    mirror, arrays, sums = mnist_fixture
+    cache = tmp_path / "cache"
+    urls = ("file:///nonexistent/mirror/", mirror.as_uri() + "/")  # first one fails
+    d = data.load_mnist(str(cache), mirrors=urls, checksums=sums)
+    assert d["x_train"].shape == (5, 784, 1) and d["x_test"].shape == (3, 784, 1)
+    np.testing.assert_allclose(
+        d["x_train"][:, :, 0] * 255, arrays["train-images-idx3-ubyte.gz"].reshape(5, 784),
+        atol=1e-3)
+    np.testing.assert_array_equal(d["y_test"], arrays["t10k-labels-idx1-ubyte.gz"])
+    assert sorted(os.listdir(cache)) == sorted(sums)  # cached, no .part left over
+    # second call: served from the cache, no mirror needed
+    q = data.load_mnist(str(cache), mirrors=(), checksums=sums, quantize=True)
+    np.testing.assert_array_equal(q["x_test"], arrays["t10k-images-idx3-ubyte.gz"].reshape(3, 784))
+
+
+def test_load_mnist_offline_error_is_clear(tmp_path):
+    with pytest.raises(RuntimeError, match="offline") as e:
+        data.load_mnist(str(tmp_path / "empty"), mirrors=("file:///nonexistent/",))
+    assert "train-images-idx3-ubyte.gz" in str(e.value)
+
+
+def test_load_mnist_rejects_wrong_checksum(mnist_fixture, tmp_path):
+    mirror, _, sums = mnist_fixture
+    bad = {**sums, "t10k-labels-idx1-ubyte.gz": "0" * 64}
+    with pytest.raises(RuntimeError, match="expected 0000"):
+        data.load_mnist(str(tmp_path / "c"), mirrors=(mirror.as_uri() + "/",), checksums=bad)
+    assert not (tmp_path / "c" / "t10k-labels-idx1-ubyte.gz").exists()
+    # a corrupted cached file is reported, not silently used
+    data.load_mnist(str(tmp_path / "c"), mirrors=(mirror.as_uri() + "/",), checksums=sums)
+    (tmp_path / "c" / "t10k-labels-idx1-ubyte.gz").write_bytes(b"corrupted")
+    with pytest.raises(ValueError, match="sha256"):
+        data.load_mnist(str(tmp_path / "c"), mirrors=(), checksums=sums)
+
+
+def test_cache_dir_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("ANNOTATED_S4_CACHE", str(tmp_path))
+    assert data.cache_dir() == str(tmp_path)
+    monkeypatch.delenv("ANNOTATED_S4_CACHE")
+    assert data.cache_dir().endswith(os.path.join(".cache", "annotated_s4"))
