@@ -21,6 +21,7 @@ __all__ = [
     "make_DPLR_HiPPO",
     "legendre_reconstruct",
     "hippo_legs_states",
+    "legs_history_matrix",
 ]
 
 
@@ -95,7 +96,7 @@ def legendre_reconstruct(c, t, s):
     return np.polynomial.legendre.legval(x, c * scale)
 
 
-def hippo_legs_states(u, N, dt=None):
+def hippo_legs_states(u, N, A=None, B=None):
     """Run HiPPO-LegS online on a sampled signal: the states c_k, shape (L, N).
 
     The scale-invariant LegS ODE is c'(t) = (1/t) A c(t) + (1/t) B u(t) with
@@ -105,12 +106,13 @@ def hippo_legs_states(u, N, dt=None):
         c_k = (I - A/(2k))^{-1} [(I + A/(2k)) c_{k-1} + (B/k) u_k].
 
     c_k encodes the whole history u_1 .. u_k (see `legendre_reconstruct`).
+    Pass another (A, B) to run the same online update with a different matrix.
     NumPy float64, one small solve per step: a tool for figures, not training.
     """
     u = np.asarray(u, dtype=np.float64)
     if u.ndim != 1:
         raise ValueError(f"u must be a 1-D sequence of shape (L,), got {u.shape}")
-    A, _, B = make_NPLR_HiPPO(N)
+    A, B = _legs_AB(N, A, B)
     I = np.eye(N)
     c = np.zeros(N)
     out = np.empty((u.shape[0], N))
@@ -119,3 +121,36 @@ def hippo_legs_states(u, N, dt=None):
         c = np.linalg.solve(I - (h / 2) * A, (I + (h / 2) * A) @ c + h * B * u[k - 1])
         out[k - 1] = c
     return out
+
+
+def legs_history_matrix(N, t, A=None, B=None):
+    """The linear map M (N, t) from the history u_1..u_t to the state c_t = M u.
+
+    Column j is the state at time t left by a unit impulse at time j:
+    T_t T_{t-1} ... T_{j+1} S_j with T_k = (I - A/(2k))^{-1}(I + A/(2k)) and
+    S_j = (I - A/(2j))^{-1} B / j, accumulated from the right end backwards.
+    """
+    A, B = _legs_AB(N, A, B)
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
+        raise ValueError(f"t must be a positive int, got {t!r}")
+    I = np.eye(N)
+    W = I.copy()
+    M = np.empty((N, t))
+    for j in range(t, 0, -1):
+        h = 1.0 / j
+        Linv = np.linalg.inv(I - (h / 2) * A)
+        M[:, j - 1] = W @ (Linv @ (h * B))
+        W = W @ (Linv @ (I + (h / 2) * A))
+    return M
+
+
+def _legs_AB(N, A, B):
+    N = _check_N(N)
+    if A is None and B is None:
+        A, _, B = make_NPLR_HiPPO(N)
+    A, B = np.asarray(A, dtype=np.float64), np.asarray(B, dtype=np.float64)
+    if A.shape != (N, N):
+        raise ValueError(f"A must have shape (N, N) = ({N}, {N}), got {A.shape}")
+    if B.shape != (N,):
+        raise ValueError(f"B must have shape (N,) = ({N},), got {B.shape}")
+    return A, B

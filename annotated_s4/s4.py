@@ -155,17 +155,22 @@ def K_gen_inverse(Ab, Bb, Cb, L):
 def cauchy(v, omega, lambd):
     """The Cauchy matrix-vector product k(omega_j) = sum_n v_n / (omega_j - lambd_n).
 
-    v and lambd have shape (N,), omega shape (M,); returns shape (M,).
-    Written as a broadcast (M, N) sum: O(M N) time and memory.
+    lambd has shape (N,), omega shape (M,); v has shape (N,), giving k of
+    shape (M,), or (K, N) for K vectors at once, giving (K, M). The Cauchy
+    matrix 1 / (omega_j - lambd_n) is built once and shared by the K vectors:
+    O(M N) time and memory.
     """
     v, omega, lambd = jnp.asarray(v), jnp.asarray(omega), jnp.asarray(lambd)
-    if v.ndim != 1 or lambd.shape != v.shape:
+    if lambd.ndim != 1:
+        raise ValueError(f"lambd must be 1-D of shape (N,), got {lambd.shape}")
+    if v.ndim not in (1, 2) or v.shape[-1] != lambd.shape[0]:
         raise ValueError(
-            f"v and lambd must be 1-D of the same shape (N,), got {v.shape} and {lambd.shape}"
+            f"v must have shape (N,) or (K, N) with N = {lambd.shape[0]}, got {v.shape}"
         )
     if omega.ndim != 1:
         raise ValueError(f"omega must be 1-D of shape (M,), got {omega.shape}")
-    return jnp.sum(v[None, :] / (omega[:, None] - lambd[None, :]), axis=-1)
+    cauchy_matrix = 1.0 / (omega[:, None] - lambd[None, :])  # (M, N)
+    return v @ cauchy_matrix.T
 
 
 def _check_dplr(Lambda, P, Q, B, C, step):
@@ -202,10 +207,10 @@ def kernel_DPLR(Lambda, P, Q, B, C, step, L):
     bterm = (B, P)
     g = (2.0 / step) * ((1.0 - Omega_L) / (1.0 + Omega_L))
     c = 2.0 / (1.0 + Omega_L)
-    k00 = cauchy(aterm[0] * bterm[0], g, Lambda)
-    k01 = cauchy(aterm[0] * bterm[1], g, Lambda)
-    k10 = cauchy(aterm[1] * bterm[0], g, Lambda)
-    k11 = cauchy(aterm[1] * bterm[1], g, Lambda)
+    # the four Cauchy kernels share their poles Lambda: one Cauchy matrix
+    v = jnp.stack([aterm[0] * bterm[0], aterm[0] * bterm[1],
+                   aterm[1] * bterm[0], aterm[1] * bterm[1]])
+    k00, k01, k10, k11 = cauchy(v, g, Lambda)
     atRoots = c * (k00 - k01 * (1.0 / (1.0 + k11)) * k10)
     return jnp.fft.ifft(atRoots, L).reshape(L).real
 

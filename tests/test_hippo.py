@@ -3,6 +3,7 @@ import pytest
 
 from annotated_s4.hippo import (
     hippo_legs_states,
+    legs_history_matrix,
     legendre_reconstruct,
     make_DPLR_HiPPO,
     make_HiPPO,
@@ -59,3 +60,20 @@ def test_errors():
         hippo_legs_states(np.zeros((3, 2)), 4)
     with pytest.raises(ValueError, match="t"):
         legendre_reconstruct(np.zeros(3), 0.0, 0.5)
+
+
+def test_history_matrix_matches_online_run_and_is_orthogonal():
+    N, t = 8, 200
+    u = np.random.RandomState(0).randn(t)
+    M = legs_history_matrix(N, t)
+    assert np.allclose(M @ u, hippo_legs_states(u, N)[-1], atol=1e-12)
+    # HiPPO's rows are (nearly) orthogonal with equal norms: the state is an
+    # orthogonal projection of the history; a random stable A is not.
+    s = np.linalg.svd(M, compute_uv=False)
+    assert s.min() / s.max() > 0.5
+    rng = np.random.RandomState(1)
+    Ar, Br = rng.randn(N, N) / np.sqrt(N) - np.eye(N), rng.randn(N)
+    sr = np.linalg.svd(legs_history_matrix(N, t, Ar, Br), compute_uv=False)
+    assert sr.min() / sr.max() < 1e-3
+    with pytest.raises(ValueError, match="A"):
+        legs_history_matrix(N, t, np.eye(3), Br)

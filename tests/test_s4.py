@@ -43,6 +43,8 @@ def test_cauchy_matches_dense():
     expect = (1.0 / (om[:, None] - lam[None, :])) @ v
     with enable_x64():
         assert np.allclose(cauchy(v, om, lam), expect, rtol=1e-12)
+        both = cauchy(np.stack([v, 2 * v]), om, lam)
+        assert both.shape == (2, 7) and np.allclose(both[1], 2 * expect, rtol=1e-12)
 
 
 @pytest.mark.parametrize("N,L", [(8, 16), (16, 256)])
@@ -128,5 +130,7 @@ def test_errors():
         kernel_DPLR(Lambda, P, P, B, np.ones(4), -0.1, 8)
     with pytest.raises(TypeError, match="L"):
         discrete_DPLR(Lambda, P, P, B, np.ones(4), 0.1, 8.0)
+    with pytest.raises(ValueError, match="v must"):
+        cauchy(np.ones(4), np.ones(2), np.ones(3))
     with pytest.raises(ValueError, match="omega"):
         cauchy(np.ones(3), np.ones((2, 2)), np.ones(3))
