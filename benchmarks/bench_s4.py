@@ -1,0 +1,180 @@
+"""Benchmark the S4 kernel and layers.
+
+1. Kernel time for one HiPPO SSM (N = 64) at L = 1k, 4k, 16k: the naive
+   power iteration (`K_conv_power`, O(N^2 L), sequential), the generating
+   function with one N x N solve per root (`K_gen_inverse`, O(N^3 L)), and the
+   DPLR kernel (`kernel_DPLR`, O(N L) Cauchy product + FFT).
+2. Layer forward + backward time (S4Layer and S4DLayer, H = 128, N = 64,
+   batch 8) at the same lengths.
+3. Generation: producing L outputs one at a time in RNN mode (one cached
+   step per output) versus recomputing the CNN-mode forward pass on the growing
+   prefix (what a convolution-only model would have to do), for a short L.
+
+Usage:  python benchmarks/bench_s4.py [--quick]
+--quick runs a reduced sweep (CPU CI budgets): L = 1k, 4k and H = 32.
+Writes benchmarks/results/s4.json and benchmarks/results/s4.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from annotated_s4 import (K_conv_power, K_gen_inverse, S4DLayer, S4Layer, conv_from_gen,
+                          discretize, kernel_DPLR, make_DPLR_HiPPO, make_NPLR_HiPPO)
+from annotated_s4.timing import time_fn
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def kernel_fns(N, L):
+    """The three kernel computations for the HiPPO SSM, as jitted thunks."""
+    step = 1.0 / L
+    A, _, B0 = make_NPLR_HiPPO(N)
+    C0 = np.random.RandomState(0).randn(N) / np.sqrt(N)
+    Ab, Bb, Cb = discretize(jnp.asarray(A, jnp.float32), jnp.asarray(B0, jnp.float32)[:, None],
+                            jnp.asarray(C0, jnp.float32)[None, :], step)
+    Lambda, P, B, _ = make_DPLR_HiPPO(N)
+    c64 = lambda x: jnp.asarray(x, jnp.complex64)  # noqa: E731
+    Ct = c64(np.random.RandomState(1).randn(N))
+    naive = jax.jit(lambda: K_conv_power(Ab, Bb, Cb, L))
+    gen = jax.jit(lambda: conv_from_gen(K_gen_inverse(Ab, Bb, Cb, L), L))
+    dplr = jax.jit(lambda: kernel_DPLR(c64(Lambda), c64(P), c64(P), c64(B), Ct, step, L))
+    return {"naive": naive, "generating_function": gen, "dplr": dplr}
+
+
+def layer_fwd_bwd(layer_cls, H, N, L, batch):
+    layer = layer_cls(H, N, L, rngs=nnx.Rngs(0))
+    u = jax.random.normal(jax.random.PRNGKey(1), (batch, L, H))
+
+    @nnx.jit
+    def fwd_bwd(layer, u):
+        return nnx.grad(lambda m: jnp.mean(m(u) ** 2))(layer)
+
+    return lambda: fwd_bwd(layer, u)
+
+
+def generation(layer_cls, H, N, L, batch, repeats):
+    """Seconds to produce L outputs: RNN steps vs CNN forward on every prefix."""
+    layer = layer_cls(H, N, L, rngs=nnx.Rngs(0))
+    u = jax.random.normal(jax.random.PRNGKey(2), (batch, L, H))
+    step = nnx.jit(lambda layer, u_t: layer.step(u_t))
+    cnn = nnx.jit(lambda layer, u: layer(u))
+
+    def rnn_all():
+        layer.init_cache(batch)
+        y = None
+        for k in range(L):
+            y = step(layer, u[:, k])
+        return y
+
+    def cnn_all():
+        # Without a recurrence, each new output needs a forward pass over the
+        # prefix; padding the prefix to L keeps a single compiled shape.
+        y = None
+        for k in range(L):
+            y = cnn(layer, jnp.where(jnp.arange(L)[None, :, None] <= k, u, 0.0))[:, k]
+        return y
+
+    return {"rnn": time_fn(rnn_all, repeats=repeats), "cnn": time_fn(cnn_all, repeats=repeats)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="reduced sweep for CPU CI")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    lengths = [1024, 4096] if quick else [1024, 4096, 16384]
+    H = 32 if quick else 128
+    N, batch = 64, 8
+    repeats = 3 if quick else 5
+    out = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "quick": quick,
+           "N": N, "H": H, "batch": batch, "lengths": lengths, "kernel": {}, "layer": {}}
+
+    print(f"backend {out['backend']}, N = {N}, H = {H}, batch = {batch}")
+    print("\nkernel time for one SSM (median ms)")
+    print(f"{'L':>6} {'naive':>10} {'gen. fn':>10} {'DPLR':>10} {'naive/DPLR':>11}")
+    for L in lengths:
+        row = {}
+        for name, fn in kernel_fns(N, L).items():
+            if name == "generating_function" and L > 4096 and out["backend"] == "cpu":
+                row[name] = None  # 16k dense 64 x 64 solves: minutes on a CPU
+                continue
+            row[name] = time_fn(fn, repeats=repeats)
+        out["kernel"][L] = row
+        g = "-" if row["generating_function"] is None else f"{1e3 * row['generating_function']:10.2f}"
+        print(f"{L:>6} {1e3 * row['naive']:10.2f} {g:>10} {1e3 * row['dplr']:10.2f} "
+              f"{row['naive'] / row['dplr']:11.1f}")
+        sys.stdout.flush()
+
+    print(f"\nlayer forward + backward (median ms), H = {H}, N = {N}, batch = {batch}")
+    print(f"{'L':>6} {'S4':>10} {'S4D':>10} {'S4/S4D':>8}")
+    for L in lengths:
+        row = {
+            "s4": time_fn(layer_fwd_bwd(S4Layer, H, N, L, batch), repeats=repeats),
+            "s4d": time_fn(layer_fwd_bwd(S4DLayer, H, N, L, batch), repeats=repeats),
+        }
+        out["layer"][L] = row
+        print(f"{L:>6} {1e3 * row['s4']:10.1f} {1e3 * row['s4d']:10.1f} {row['s4'] / row['s4d']:8.2f}")
+        sys.stdout.flush()
+
+    Lg = 64 if quick else 256
+    print(f"\ngeneration of {Lg} steps, H = {H}, N = {N}, batch = {batch} (median s)")
+    out["generation"] = {"L": Lg}
+    for name, cls in [("s4", S4Layer), ("s4d", S4DLayer)]:
+        row = generation(cls, H, N, Lg, batch, repeats=1 if quick else 3)
+        out["generation"][name] = row
+        print(f"{name:>4}: RNN {row['rnn']:.3f} s, CNN on every prefix {row['cnn']:.3f} s, "
+              f"ratio {row['cnn'] / row['rnn']:.1f}x")
+
+    # how the kernel cost grows: slope of log time vs log L
+    Ls = np.array(lengths, float)
+    slope = np.polyfit(np.log(Ls), np.log([out["kernel"][L]["dplr"] for L in lengths]), 1)[0]
+    out["dplr_kernel_loglog_slope"] = float(slope)
+    print(f"\nDPLR kernel time ~ L^{slope:.2f}")
+
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "s4.json"), "w") as f:
+        json.dump(out, f, indent=2)
+    plot(out, os.path.join(RESULTS, "s4.png"))
+    print(f"wrote {RESULTS}/s4.json and s4.png")
+    return out
+
+
+def plot(out, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    Ls = out["lengths"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for name, marker in [("naive", "s"), ("generating_function", "^"), ("dplr", "o")]:
+        pts = [(L, out["kernel"][L][name]) for L in Ls if out["kernel"][L][name] is not None]
+        ax1.loglog(*zip(*pts), marker + "-", label=name.replace("_", " "))
+    ax1.loglog(Ls, [out["kernel"][Ls[0]]["dplr"] * L / Ls[0] for L in Ls], "k:", label="linear")
+    ax1.set_xlabel("L"); ax1.set_ylabel("seconds"); ax1.set_title("kernel, N = 64")
+    ax1.legend(fontsize=8)
+    for name, marker in [("s4", "o"), ("s4d", "s")]:
+        ax2.loglog(Ls, [out["layer"][L][name] for L in Ls], marker + "-", label=name.upper())
+    ax2.set_xlabel("L"); ax2.set_title(f"layer fwd+bwd, H = {out['H']}, batch = {out['batch']}")
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"bench_s4 on {out['backend']}", fontsize=10)
+    plt.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    main()
+    print(f"total {time.time() - t0:.0f} s")
