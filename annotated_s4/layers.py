@@ -24,7 +24,7 @@ from flax import nnx
 from .hippo import make_DPLR_HiPPO
 from .s4 import (discrete_DPLR, discretize_diagonal, kernel_DPLR, kernel_diagonal,
                  s4d_inv_init, s4d_lin_init)
-from .ssm import discretize
+from .ssm import K_conv, discretize
 from .toeplitz import etsc, etsc_kernel
 
 __all__ = [
@@ -102,17 +102,9 @@ class SSMLayer(nnx.Module):
         return jax.vmap(discretize)(self.A[...], self.B[...], self.C[...], step)
 
     def kernel(self, L=None):
-        """The per-channel convolution kernel, shape (H, L)."""
+        """The per-channel convolution kernel `K_conv`, shape (H, L)."""
         L = self.L if L is None else L
-        Ab, Bb, Cb = self.discrete()
-
-        def one(Ab, Bb, Cb):
-            def power(v, _):  # v = Ab^l Bb
-                return Ab @ v, (Cb @ v).reshape()
-
-            return jax.lax.scan(power, Bb, None, length=L)[1]
-
-        return jax.vmap(one)(Ab, Bb, Cb)
+        return jax.vmap(K_conv, in_axes=(0, 0, 0, None))(*self.discrete(), L)
 
     def __call__(self, u):
         _check_input(u, self.H)

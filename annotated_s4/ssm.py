@@ -110,15 +110,20 @@ def run_SSM(A, B, C, u):
 
 
 def K_conv(Ab, Bb, Cb, L):
-    """The SSM convolution kernel K = (Cb Bb, Cb Ab Bb, ..., Cb Ab^(L-1) Bb).
+    """The SSM convolution kernel K = (Cb Bb, Cb Ab Bb, ..., Cb Ab^(L-1) Bb), shape (L,).
 
-    Computed naively with matrix powers: fine for short L, the thing S4 replaces.
+    Computed the naive way, by applying Ab over and over: v_0 = Bb,
+    v_(l+1) = Ab v_l, K_l = Cb v_l. That is O(N^2 L) work in a sequential
+    loop, and it inherits every rounding error of the powers Ab^l: the
+    computation S4 replaces.
     """
     Ab, Bb, Cb = _check_ssm(Ab, Bb, Cb)
     L = _check_length(L)
-    return jnp.array(
-        [(Cb @ jnp.linalg.matrix_power(Ab, l) @ Bb).reshape() for l in range(L)]
-    )
+
+    def power(v, _):  # v = Ab^l Bb
+        return Ab @ v, (Cb @ v).reshape()
+
+    return jax.lax.scan(power, Bb, None, length=L)[1]
 
 
 def causal_convolution(u, K, nofft=False):

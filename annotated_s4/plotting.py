@@ -1,0 +1,76 @@
+"""Display helpers and figures used by the chapters.
+
+`show(obj)` prints the package's own source for a function or class, so the
+code a reader sees in the book is exactly the code that runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+__all__ = ["show", "source", "mass_spring_animation"]
+
+
+def source(obj, dedent=True):
+    """The source text of a function, class or method of this package."""
+    try:
+        text = inspect.getsource(obj)
+    except (TypeError, OSError) as err:
+        raise TypeError(f"cannot show the source of {obj!r}: {err}") from None
+    return textwrap.dedent(text) if dedent else text
+
+
+def show(*objs):
+    """Display the source of one or more objects as a highlighted Python block.
+
+    In a notebook (and in the built book) this renders as Markdown: a fenced
+    ``python`` code block, highlighted by the book's theme.
+    """
+    from IPython.display import Markdown, display
+
+    for obj in objs:
+        display(Markdown("```python\n" + source(obj).rstrip() + "\n```"))
+
+
+def mass_spring_animation(t, u, y, path, frames=50, fps=10, dpi=60):
+    """Animate a mass on a spring: force, position and the moving mass.
+
+    Draws `frames` snapshots with celluloid and writes a GIF to `path` with
+    matplotlib's Pillow writer. Returns the path.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from celluloid import Camera
+    from matplotlib import animation
+
+    t, u, y = (np.asarray(a) for a in (t, u, y))
+    if not (t.shape == u.shape == y.shape and t.ndim == 1):
+        raise ValueError(f"t, u, y must be 1-D of equal length, got {t.shape}, {u.shape}, {y.shape}")
+    if frames < 1 or frames > len(t):
+        raise ValueError(f"frames must lie in [1, {len(t)}], got {frames}")
+    fig, (ax_u, ax_y, ax_m) = plt.subplots(3, 1, figsize=(6, 6))
+    camera = Camera(fig)
+    ax_u.set_title("force u(t)")
+    ax_y.set_title("position y(t)")
+    ax_m.set_title("the mass")
+    scale = np.max(np.abs(y)) or 1.0
+    for i in np.linspace(1, len(t), frames).astype(int):
+        ax_u.plot(t[:i], u[:i], color="C1")
+        ax_u.set_xlim(t[0], t[-1])
+        ax_y.plot(t[:i], y[:i], color="C0")
+        ax_y.set_xlim(t[0], t[-1])
+        pos = y[i - 1] / scale  # displacement in units of the largest one
+        coils = np.linspace(-2.0, 0.0 + pos, 200)  # spring from the wall at -2
+        ax_m.plot(coils, 0.15 * np.sin(np.linspace(0, 24 * np.pi, 200)), color="gray")
+        ax_m.plot([pos], [0.0], "s", markersize=22, color="C0")
+        ax_m.axvline(-2.0, color="black", lw=3)
+        ax_m.set_xlim(-2.2, 1.5)
+        ax_m.set_ylim(-1, 1)
+        ax_m.set_yticks([])
+        camera.snap()
+    fig.tight_layout()
+    anim = camera.animate()
+    anim.save(path, writer=animation.PillowWriter(fps=fps), dpi=dpi)
+    plt.close(fig)
+    return path
