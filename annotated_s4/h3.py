@@ -33,6 +33,7 @@ __all__ = [
     "H3Layer",
     "CausalSelfAttention",
     "LastTokenModel",
+    "hybrid",
 ]
 
 
@@ -128,12 +129,14 @@ class ShiftSSM(nnx.Module):
 
 def _s4d_lin_init(rngs, H, N, dt_min, dt_max):
     """S4D-Lin: Lambda_n = -1/2 + i pi n, B = 1, C ~ complex normal, log step."""
-    Lambda = -0.5 + 1j * jnp.pi * jnp.arange(N)
+    Lambda = (-0.5 + 1j * jnp.pi * jnp.arange(N)).astype(jnp.complex64)
     C = jax.random.normal(rngs.params(), (H, N, 2)) * math.sqrt(0.5)
     log_step = log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
+    # strongly typed float32 copies: a weakly typed parameter would make the
+    # first optimizer update change its type and trigger a second compilation
     return (
-        jnp.broadcast_to(Lambda.real, (H, N)),
-        jnp.broadcast_to(Lambda.imag, (H, N)),
+        jnp.array(jnp.broadcast_to(Lambda.real, (H, N)), jnp.float32),
+        jnp.array(jnp.broadcast_to(Lambda.imag, (H, N)), jnp.float32),
         C,
         log_step,
     )
@@ -407,3 +410,19 @@ class LastTokenModel(nnx.Module):
         # Append a placeholder so that the last output sees all of x.
         x = jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)
         return self.model(x)[:, -1]
+
+
+def hybrid(*factories):
+    """A layer factory for `StackedModel` that cycles through `factories`:
+    ``hybrid(h3, attention)`` builds H3 in layer 0, attention in layer 1, and
+    so on. Each factory is called as ``factory(H, rngs=rngs)``."""
+    if not factories:
+        raise ValueError("hybrid needs at least one layer factory")
+    count = [0]
+
+    def make(H, *, rngs):
+        layer = factories[count[0] % len(factories)](H, rngs=rngs)
+        count[0] += 1
+        return layer
+
+    return make
