@@ -47,12 +47,12 @@ def _check_kernel(t, name="t"):
 
 def _check_ssm(lambd, b):
     lambd, b = jnp.asarray(lambd), jnp.asarray(b)
-    if lambd.ndim != 1 or lambd.shape[0] < 1:
-        raise ValueError(f"lambd must have shape (h,), got {lambd.shape}")
-    if b.ndim not in (1, 2) or b.shape[0] != lambd.shape[0]:
-        raise ValueError(
-            f"b must have shape (h,) or (h, d) with h = {lambd.shape[0]}, got {b.shape}"
-        )
+    if lambd.ndim not in (1, 2) or lambd.shape[0] < 1:
+        raise ValueError(f"lambd must have shape (h,) or (h, d), got {lambd.shape}")
+    if b.ndim not in (1, 2) or b.shape[0] != lambd.shape[0] or (
+            lambd.ndim == 2 and b.shape != lambd.shape):
+        raise ValueError(f"b must have shape (h,) or (h, d) matching lambd "
+                         f"{lambd.shape}, got {b.shape}")
     if not (bool(jnp.all(jnp.isfinite(lambd))) and bool(jnp.all(jnp.isfinite(b)))):
         raise ValueError("lambd and b must be finite (no NaN or inf)")
     return lambd, b
@@ -94,7 +94,9 @@ def _on_etsc_grid(lambd):
 def ssm_to_toeplitz(lambd, b, n):
     """The kernel t_i = Re sum_k b_k lambd_k^i, i < n, evaluated accurately.
 
-    lambd (h,) complex, b (h,) or (h, d) complex; returns (n,) or (n, d) real.
+    lambd (h,) complex (shared by all channels) or (h, d) (one set per
+    channel, as `fit_toeplitz_gradient` returns), b (h,) or (h, d) complex;
+    returns (n,) or (n, d) real.
 
     The powers lambd_k^i are where precision goes: a float32 lambd carries a
     relative error ~6e-8 that the i-th power multiplies by i. For the ETSC
@@ -107,14 +109,14 @@ def ssm_to_toeplitz(lambd, b, n):
     lambd, b = _check_ssm(lambd, b)
     if not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
-    if _on_etsc_grid(lambd):
+    if lambd.ndim == 1 and _on_etsc_grid(lambd):
         return etsc_kernel(b, n)
-    log_l = jnp.log(lambd)
     bb = b if b.ndim == 2 else b[:, None]
+    log_l = jnp.log(lambd if lambd.ndim == 2 else lambd[:, None])  # (h, 1 or d)
 
-    def rows(i):  # i: (chunk,) exponents
-        V = jnp.exp(i[:, None].astype(log_l.real.dtype) * log_l[None, :])
-        return (V @ bb).real
+    def rows(i):  # i: (chunk,) exponents; lambd^i = exp(i log lambd)
+        V = jnp.exp(i[:, None, None].astype(log_l.real.dtype) * log_l[None])
+        return jnp.sum(V * bb[None], axis=1).real
 
     chunk = 256
     m = -(-n // chunk) * chunk
@@ -139,6 +141,8 @@ def ssm_to_toeplitz_naive(lambd, b, n):
     """The same kernel with the powers lambd^i taken literally (jnp.power):
     the textbook Vandermonde evaluation, whose float32 error grows with i."""
     lambd, b = _check_ssm(lambd, b)
+    if lambd.ndim != 1:
+        raise ValueError(f"lambd must have shape (h,) here, got {lambd.shape}")
     i = jnp.arange(n)
     V = jnp.power(lambd[None, :], i[:, None])
     return (V @ b).real
