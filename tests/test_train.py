@@ -1,0 +1,177 @@
+"""Tests for annotated_s4.train: the fit loop, the CLI, checkpoints, resume,
+and data parallelism (1 device vs 4 host devices give the same loss curve)."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
+import annotated_s4.data
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from annotated_s4 import train
+from annotated_s4.layers import S4DLayer, SSMLayer, StackedModel
+
+TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model", "8",
+        "--state-size", "4", "--batch-size", "16", "--lr", "1e-2", "--log-every", "100"]
+
+
+def _args(extra):
+    return train.build_parser().parse_args(TINY + extra)
+
+
+def test_fit_learns_digits():
+    d = annotated_s4.data.load_digits_sequences(side=8)
+    model = StackedModel(functools.partial(S4DLayer, N=8, L=64), 10, 16, 1,
+                         rngs=nnx.Rngs(0))
+    h = train.fit(model, d["x_train"], d["y_train"], d["x_test"], d["y_test"],
+                  steps=60, batch_size=32, lr=1e-2, log=None)
+    assert len(h["train_loss"]) == 60
+    assert np.mean(h["train_loss"][-10:]) < np.mean(h["train_loss"][:10]) - 0.2
+    assert h["eval"][-1]["accuracy"] > 0.15  # chance is 0.1; 60 steps is a short run
+
+
+def test_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--dataset", "--layer", "--n-layers", "--d-model", "--state-size",
+                   "--steps", "--batch-size", "--lr", "--seed", "--out", "--resume",
+                   "--vocab-size", "--seq-len", "digits-784", "digits-gen"):
+        assert option in text
+
+
+def test_registries_are_plain_dicts():
+    assert isinstance(train.DATASETS, dict) and isinstance(train.LAYERS, dict)
+    assert {"digits", "digits-784", "digits-gen"} <= set(train.DATASETS)
+    assert {"ssm", "s4", "s4d"} <= set(train.LAYERS)
+
+
+def test_cli_writes_metrics_and_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    metrics = train.main(TINY + ["--steps", "4", "--out", str(out)])
+    saved = json.loads((out / "metrics.json").read_text())
+    assert 0.0 <= saved["test_accuracy"] <= 1.0 and saved["steps"] == 4
+    assert saved["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+    assert {"checkpoint.npz", "config.json", "history.json"} <= set(os.listdir(out))
+    with np.load(out / "checkpoint.npz", allow_pickle=False) as f:  # no pickle inside
+        assert int(f["step"]) == 4
+
+
+def test_generation_dataset_reports_nll(tmp_path):
+    out = tmp_path / "gen"
+    train.main(TINY + ["--dataset", "digits-gen", "--steps", "3", "--out", str(out)])
+    saved = json.loads((out / "metrics.json").read_text())
+    assert 0.0 < saved["test_nll"] < 10.0
+
+
+def test_resume_continues_exactly(tmp_path, monkeypatch):
+    straight = train.run(_args(["--steps", "6", "--out", str(tmp_path / "a")]), log=None)
+
+    original, calls = train.train_step, [0]
+
+    def crash_at_step_5(*a):
+        calls[0] += 1
+        if calls[0] == 5:
+            raise KeyboardInterrupt
+        return original(*a)
+
+    monkeypatch.setattr(train, "train_step", crash_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(_args(["--steps", "6", "--ckpt-every", "2", "--out", str(tmp_path / "b")]),
+                  log=None)
+    monkeypatch.setattr(train, "train_step", original)
+    resumed = train.run(_args(["--steps", "6", "--ckpt-every", "2", "--resume",
+                               "--out", str(tmp_path / "b")]), log=None)
+    assert resumed["history"]["step"] == list(range(1, 7))
+    np.testing.assert_allclose(resumed["history"]["train_loss"],
+                               straight["history"]["train_loss"], rtol=1e-6)
+    a = nnx.state(straight["model"], nnx.Param)
+    b = nnx.state(resumed["model"], nnx.Param)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_resume_refuses_a_different_configuration(tmp_path):
+    train.run(_args(["--steps", "2", "--out", str(tmp_path)]), log=None)
+    with pytest.raises(ValueError, match="d_model|does not match|different"):
+        train.run(_args(["--steps", "2", "--d-model", "4", "--resume", "--out",
+                         str(tmp_path)]), log=None)
+
+
+def test_checkpoint_roundtrip_and_mismatch(tmp_path):
+    def make(h):
+        m = StackedModel(functools.partial(SSMLayer, N=2, L=8), 3, h, 1, rngs=nnx.Rngs(h))
+        return m, train.make_optimizer(m)
+
+    m1, o1 = make(4)
+    train.save_checkpoint(tmp_path, m1, o1, 7, {"note": "x"})
+    m2, o2 = make(4)
+    m2.decoder.bias[...] = m2.decoder.bias[...] + 1.0
+    step, extra = train.load_checkpoint(tmp_path, m2, o2)
+    assert step == 7 and extra == {"note": "x"}
+    np.testing.assert_array_equal(m1.decoder.bias[...], m2.decoder.bias[...])
+    m3, o3 = make(6)
+    with pytest.raises(ValueError, match="shape|does not match"):
+        train.load_checkpoint(tmp_path, m3, o3)
+    with pytest.raises(FileNotFoundError):
+        train.load_checkpoint(tmp_path / "nowhere", m1, o1)
+
+
+def test_batch_indices_are_epoch_shuffles():
+    n, b = 10, 3  # 3 batches per epoch, one example left out each epoch
+    epoch = np.concatenate([train.batch_indices(0, s, n, b) for s in (1, 2, 3)])
+    assert len(set(epoch)) == 9
+    np.testing.assert_array_equal(train.batch_indices(0, 2, n, b),
+                                  train.batch_indices(0, 2, n, b))
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="--steps"):
+        train.run(_args(["--steps", "0"]), log=None)
+    with pytest.raises(ValueError, match="--resume"):
+        train.run(_args(["--steps", "1", "--resume"]), log=None)
+    with pytest.raises(ValueError, match="divisible"):
+        train.run(_args(["--steps", "1", "--batch-size", "15"]), log=None,
+                  devices=jax.devices() * 2)  # a 2-"device" mesh needs an even batch
+    with pytest.raises(ValueError, match="divisible"):
+        train.shard_batch(train.make_mesh(jax.devices() * 2), np.zeros((3, 2)))
+    with pytest.raises(SystemExit):
+        train.main(["--layer", "no-such-layer"])
+
+
+_PARALLEL = r"""
+import json, sys
+import annotated_s4, jax
+from annotated_s4 import train
+assert len(jax.devices()) == {n}, jax.devices()
+args = train.build_parser().parse_args(sys.argv[1:])
+r = train.run(args, log=None)
+x = train.shard_batch(train.make_mesh(), jax.numpy.zeros((16, 2)))
+print(json.dumps({{"loss": r["history"]["train_loss"], "devices": r["devices"],
+                  "shards": len(x.addressable_shards), "acc": r["test_accuracy"]}}))
+"""
+
+
+def _run_on(n):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run(
+        [sys.executable, "-c", _PARALLEL.format(n=n), *TINY, "--steps", "5"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_data_parallel_matches_single_device():
+    one, four = _run_on(1), _run_on(4)
+    assert one["devices"] == 1 and four["devices"] == 4 and four["shards"] == 4
+    np.testing.assert_allclose(four["loss"], one["loss"], rtol=1e-5, atol=1e-5)
+    assert four["acc"] == pytest.approx(one["acc"], abs=1e-6)
