@@ -163,11 +163,32 @@ def _mnist(args):
             "vocab_size": None}
 
 
+def _recall(name):
+    """The synthetic recall tasks of chapter 7 (H3): the label is the final
+    token; the model reads the sequence causally and is scored there only."""
+    def load(args):
+        from . import data as d
+
+        gen = getattr(d, name)
+        x_train, y_train = gen(np.random.default_rng(args.seed_data), 5000,
+                               seq_len=args.seq_len, vocab_size=args.vocab_size)
+        x_test, y_test = gen(np.random.default_rng(args.seed_data + 1), 512,
+                             seq_len=args.seq_len, vocab_size=args.vocab_size)
+        return {"x_train": x_train, "y_train": y_train, "x_test": x_test,
+                "y_test": y_test, "classification": False, "last_token": True,
+                "d_output": args.vocab_size, "d_input": 1,
+                "vocab_size": args.vocab_size}
+
+    return load
+
+
 DATASETS = {
     "digits": _digits(8),
     "digits-784": _digits(28),
     "digits-gen": _digits_gen,
     "mnist": _mnist,
+    "induction-head": _recall("induction_head"),
+    "associative-recall": _recall("associative_recall"),
 }
 
 
@@ -189,10 +210,24 @@ def _s4d_layer(args, L):
     return functools.partial(S4DLayer, N=args.state_size, L=L)
 
 
+def _h3_layer(args, L):
+    from .h3 import H3Layer
+
+    return functools.partial(H3Layer, head_dim=args.head_dim, state_size=args.state_size, L=L)
+
+
+def _attention_layer(args, L):
+    from .h3 import CausalSelfAttention
+
+    return functools.partial(CausalSelfAttention, n_heads=args.n_heads, max_len=L + 1)
+
+
 LAYERS = {
     "ssm": _ssm_layer,
     "s4": _s4_layer,
     "s4d": _s4d_layer,
+    "h3": _h3_layer,
+    "attention": _attention_layer,
 }
 
 
@@ -329,6 +364,8 @@ def build_parser():
     p.add_argument("--n-layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--state-size", type=int, default=16, help="N, the SSM state size")
+    p.add_argument("--head-dim", type=int, default=8, help="H3 head dimension d_h")
+    p.add_argument("--n-heads", type=int, default=4, help="attention heads")
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -368,12 +405,17 @@ def build_model(args, data):
     """The StackedModel described by `args` for the dataset `data`."""
     L = data["x_train"].shape[1]
     layer = LAYERS[args.layer](args, L)
-    return StackedModel(
+    model = StackedModel(
         layer, data["d_output"], args.d_model, args.n_layers,
         rngs=nnx.Rngs(args.seed), d_input=data["d_input"],
         vocab_size=data["vocab_size"], classification=data["classification"],
         dropout=args.dropout,
     )
+    if data.get("last_token"):  # recall tasks: predict the token after x
+        from .h3 import LastTokenModel
+
+        model = LastTokenModel(model)
+    return model
 
 
 _MODEL_KEYS = ("dataset", "layer", "n_layers", "d_model", "state_size", "steps",
