@@ -160,7 +160,8 @@ def plot(res):
             ax[col].loglog([r[x] for r in g], [r["seconds"] for r in g], "s-", label="gradient")
             ax[col + 1].loglog([r[x] for r in g], [r["rel_error"] for r in g], "s-", label="gradient")
         ax[col].set(xlabel=x, ylabel="seconds", title=f"time, {title}")
-        ax[col + 1].set(xlabel=x, ylabel="relative error", title=f"error, {title}")
+        ax[col + 1].set(xlabel=x, ylabel="relative error", title=f"error, {title}",
+                        ylim=(1e-8, 3))
         ax[col].legend()
     fig.tight_layout()
     fig.savefig(RESULTS / "toeplitz_fig2.png", dpi=110)
