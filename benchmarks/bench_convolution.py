@@ -1,0 +1,76 @@
+"""Applying an SSM to a sequence: FFT convolution vs direct convolution vs scan.
+
+    python benchmarks/bench_convolution.py [--quick] [--N 64] [--repeats 5]
+
+For L from 256 to 16384: the zero-padded FFT convolution (O(L log L)), the
+direct causal sum (O(L^2)) and the recurrence by jax.lax.scan (O(N^2 L)),
+each jitted, timed after a warm-up (medians of several runs). Prints a table
+and writes benchmarks/results/convolution.json and convolution.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import annotated_s4  # noqa: F401  (sets XLA flags first)
+import jax
+import jax.numpy as jnp
+
+from annotated_s4 import K_conv, causal_convolution, discretize, random_SSM, run_SSM
+from annotated_s4.timing import time_fn
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run(lengths, N=64, repeats=5):
+    A, B, C = random_SSM(jax.random.PRNGKey(3), N)
+    A = A - N * jnp.eye(N)  # stable, so outputs stay finite at every length
+    fft = jax.jit(lambda u, K: causal_convolution(u, K))
+    direct = jax.jit(lambda u, K: causal_convolution(u, K, nofft=True))
+    scan = jax.jit(lambda u: run_SSM(A, B, C, u))
+    rows = []
+    for L in lengths:
+        u = jax.random.normal(jax.random.PRNGKey(4), (L,))
+        K = K_conv(*discretize(A, B, C, 1.0 / L), L)
+        row = {"L": L,
+               "fft_s": time_fn(fft, u, K, repeats=repeats),
+               "direct_s": time_fn(direct, u, K, repeats=repeats),
+               "scan_s": time_fn(scan, u, repeats=repeats)}
+        rows.append(row)
+        print(f"{L:>6} {1e3 * row['fft_s']:>10.3f} {1e3 * row['direct_s']:>11.3f} {1e3 * row['scan_s']:>9.3f}"
+              f" {row['direct_s'] / row['fft_s']:>12.1f} {row['scan_s'] / row['fft_s']:>10.1f}", flush=True)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="L up to 4096 only")
+    parser.add_argument("--N", type=int, default=64, help="state size")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    lengths = [256, 1024, 4096] if args.quick else [256, 512, 1024, 2048, 4096, 8192, 16384]
+    print(f"backend: {jax.default_backend()}, N = {args.N}")
+    print(f"{'L':>6} {'FFT ms':>10} {'direct ms':>11} {'scan ms':>9} {'direct/FFT':>12} {'scan/FFT':>10}")
+    rows = run(lengths, args.N, args.repeats)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = {"backend": jax.default_backend(), "N": args.N, "rows": rows}
+    (RESULTS / "convolution.json").write_text(json.dumps(out, indent=2))
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in [("fft_s", "FFT"), ("direct_s", "direct"), ("scan_s", "scan")]:
+        ax.loglog([r["L"] for r in rows], [r[key] for r in rows], "o-", label=label)
+    ax.set(xlabel="L", ylabel="seconds", title=f"Applying an N = {args.N} SSM ({jax.default_backend()})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "convolution.png", dpi=100)
+    print(f"wrote {RESULTS / 'convolution.json'} and convolution.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Part I math: discretization, recurrence, kernel, convolution, the mass-spring example."""
+
+import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from annotated_s4 import (K_conv, causal_convolution, discretize, example_force, example_mass,
+                          example_ssm, random_SSM, run_SSM, scan_SSM)
+
+
+def stable_ssm(N, seed=0):
+    A, B, C = random_SSM(jax.random.PRNGKey(seed), N)
+    return A - N * jnp.eye(N), B, C
+
+
+def test_random_SSM_shapes():
+    A, B, C = random_SSM(jax.random.PRNGKey(0), 5)
+    assert (A.shape, B.shape, C.shape) == ((5, 5), (5, 1), (1, 5))
+
+
+@pytest.mark.parametrize("N", [0, -3])
+def test_random_SSM_bad_N(N):
+    with pytest.raises(ValueError, match="N"):
+        random_SSM(jax.random.PRNGKey(0), N)
+
+
+def test_discretize_matches_formula():
+    A, B, C = stable_ssm(4)
+    step = 0.05
+    Ab, Bb, Cb = discretize(A, B, C, step)
+    I = np.eye(4)
+    inv = np.linalg.inv(I - step / 2 * np.asarray(A))
+    np.testing.assert_allclose(Ab, inv @ (I + step / 2 * np.asarray(A)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(Bb, inv @ (step * np.asarray(B)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(Cb, C)
+
+
+def test_discretize_scalar_is_pade_of_exp():
+    with jax.enable_x64(True):
+        a, step = 2.0, 1e-2
+        Ab, _, _ = discretize(jnp.array([[-a]]), jnp.array([[1.0]]), jnp.array([[1.0]]), step)
+        assert abs(float(Ab[0, 0]) - np.exp(-a * step)) == pytest.approx((a * step) ** 3 / 12, rel=0.05)
+
+
+def test_discretize_keeps_stability():
+    A, B, C = stable_ssm(6)
+    for step in [1e-3, 1.0, 1e3]:
+        Ab, _, _ = discretize(A, B, C, step)
+        assert float(jnp.max(jnp.abs(jnp.linalg.eigvals(Ab)))) < 1.0
+
+
+@pytest.mark.parametrize("bad", [
+    dict(A=jnp.ones((3, 4))),
+    dict(B=jnp.ones((4, 2))),
+    dict(C=jnp.ones((4, 1))),
+    dict(step=0.0),
+    dict(step=-1.0),
+])
+def test_discretize_bad_input(bad):
+    args = dict(A=jnp.eye(4), B=jnp.ones((4, 1)), C=jnp.ones((1, 4)), step=0.1)
+    args.update(bad)
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=name):
+        discretize(**args)
+
+
+def test_scan_matches_python_loop():
+    A, B, C = stable_ssm(3)
+    Ab, Bb, Cb = discretize(A, B, C, 0.1)
+    u = jax.random.normal(jax.random.PRNGKey(1), (20, 1))
+    x0 = jnp.array([0.5, -1.0, 2.0])
+    x_last, y = scan_SSM(Ab, Bb, Cb, u, x0)
+    x = np.asarray(x0)
+    for k in range(20):
+        x = np.asarray(Ab) @ x + np.asarray(Bb)[:, 0] * float(u[k, 0])
+        np.testing.assert_allclose(y[k, 0], np.asarray(Cb)[0] @ x, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(x_last, x, rtol=1e-4, atol=1e-5)
+
+
+def test_scan_bad_shapes():
+    Ab, Bb, Cb = discretize(*stable_ssm(3), 0.1)
+    with pytest.raises(ValueError, match="u"):
+        scan_SSM(Ab, Bb, Cb, jnp.ones((20,)), jnp.zeros(3))
+    with pytest.raises(ValueError, match="x0"):
+        scan_SSM(Ab, Bb, Cb, jnp.ones((20, 1)), jnp.zeros(4))
+
+
+def test_run_SSM_shape_and_bad_input():
+    A, B, C = stable_ssm(4)
+    assert run_SSM(A, B, C, jnp.ones(10)).shape == (10, 1)
+    with pytest.raises(ValueError, match="u"):
+        run_SSM(A, B, C, jnp.ones((10, 1)))
+
+
+def test_K_conv_equals_matrix_powers():
+    Ab, Bb, Cb = discretize(*stable_ssm(4), 0.1)
+    K = K_conv(Ab, Bb, Cb, 12)
+    expected = [float((Cb @ jnp.linalg.matrix_power(Ab, l) @ Bb)[0, 0]) for l in range(12)]
+    np.testing.assert_allclose(K, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_K_conv_bad_length():
+    Ab, Bb, Cb = discretize(*stable_ssm(2), 0.1)
+    with pytest.raises(ValueError, match="L"):
+        K_conv(Ab, Bb, Cb, 0)
+    with pytest.raises(TypeError, match="L"):
+        K_conv(Ab, Bb, Cb, 3.5)
+
+
+def test_cnn_equals_rnn():
+    A, B, C = random_SSM(jax.random.PRNGKey(1), 4)
+    u = jax.random.uniform(jax.random.PRNGKey(2), (16,))
+    y_rnn = run_SSM(A, B, C, u)[:, 0]
+    y_cnn = causal_convolution(u, K_conv(*discretize(A, B, C, 1.0 / 16), 16))
+    np.testing.assert_allclose(y_cnn, y_rnn, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("L", [1, 7, 64, 1000])
+def test_fft_convolution_equals_direct(L):
+    u = jax.random.normal(jax.random.PRNGKey(0), (L,))
+    K = jax.random.normal(jax.random.PRNGKey(1), (L,))
+    direct = np.array([sum(float(K[j]) * float(u[k - j]) for j in range(k + 1)) for k in range(min(L, 40))])
+    np.testing.assert_allclose(causal_convolution(u, K, nofft=True)[:40], direct, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(causal_convolution(u, K), causal_convolution(u, K, nofft=True),
+                               rtol=1e-4, atol=1e-3)
+
+
+def test_causal_convolution_is_causal():
+    u = jnp.zeros(32).at[20].set(1.0)
+    y = causal_convolution(u, jnp.ones(32))
+    assert float(jnp.abs(y[:20]).max()) < 1e-6
+    np.testing.assert_allclose(y[20:], 1.0, atol=1e-5)
+
+
+def test_causal_convolution_bad_input():
+    with pytest.raises(ValueError, match="same length"):
+        causal_convolution(jnp.ones(10), jnp.ones(9))
+    with pytest.raises(ValueError, match="u"):
+        causal_convolution(jnp.ones((10, 1)), jnp.ones(10))
+    with pytest.raises(ValueError, match="K"):
+        causal_convolution(jnp.ones(10), jnp.ones((10, 1)))
+
+
+def test_example_mass_is_newton():
+    A, B, C = example_mass(k=40.0, b=5.0, m=2.0)
+    x = jnp.array([0.3, -0.7])  # position, velocity
+    u = 1.5
+    dx = A @ x + B[:, 0] * u
+    assert float(dx[0]) == pytest.approx(-0.7)                          # y' = velocity
+    assert float(dx[1]) == pytest.approx((u - 5.0 * -0.7 - 40.0 * 0.3) / 2.0)  # m y'' = u - b y' - k y
+    np.testing.assert_array_equal(C, [[1.0, 0.0]])
+    with pytest.raises(ValueError, match="m"):
+        example_mass(k=1.0, b=1.0, m=0.0)
+
+
+def test_example_force_is_clipped_sine():
+    t = jnp.linspace(0, 2, 1000)
+    f = example_force(t)
+    s = jnp.sin(10 * t)
+    np.testing.assert_allclose(f, jnp.where(s > 0.5, s, 0.0))
+
+
+def test_example_ssm_converges_to_ode():
+    """The discrete mass-spring position approaches the exact ODE solution as L grows."""
+    from scipy.integrate import solve_ivp
+
+    A, B, C = (np.asarray(M, dtype=float) for M in example_mass(40.0, 5.0, 1.0))
+    smooth = lambda t: 0.0 * t + 1.0  # a constant push: the solution is smooth  # noqa: E731
+    errors = []
+    for L in [100, 400]:
+        step = 2.0 / L
+        t = np.arange(1, L + 1) * step
+        Ab, Bb, Cb = discretize(A, B, C, step)
+        _, y = scan_SSM(Ab, Bb, Cb, jnp.ones((L, 1)), jnp.zeros(2))
+        ref = solve_ivp(lambda s, x: A @ x + B[:, 0] * smooth(s), (0, 2.0), np.zeros(2),
+                        t_eval=t, rtol=1e-10, atol=1e-12).y[0]
+        errors.append(np.max(np.abs(np.asarray(y[:, 0]) - ref)))
+    assert errors[1] < errors[0] / 3  # first order: a factor about 4
+
+
+def test_example_ssm_shapes_and_bad_input():
+    t, u, y = example_ssm(L=50)
+    assert t.shape == u.shape == y.shape == (50,)
+    assert float(t[-1]) == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="T"):
+        example_ssm(L=50, T=0.0)

@@ -1,0 +1,77 @@
+"""The book's own tooling: source display, the notebook generator, the site checker, timing."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import check_site  # noqa: E402
+import notebooks  # noqa: E402
+
+from annotated_s4 import discretize  # noqa: E402
+from annotated_s4.plotting import mass_spring_animation, source  # noqa: E402
+from annotated_s4.timing import time_fn  # noqa: E402
+
+
+def test_source_is_the_package_code():
+    text = source(discretize)
+    assert text.startswith("def discretize(A, B, C, step):")
+    assert "jnp.linalg.inv" in text
+    with pytest.raises(TypeError, match="source"):
+        source(3)
+
+
+def test_generated_notebooks_have_install_cell_with_config_url():
+    url = notebooks.repository_url()
+    assert url.startswith("https://github.com/")
+    chapters = list(notebooks.chapters())
+    assert any(p.name == "01_ssm_basics.md" for p in chapters)
+    assert not any(p.name in ("intro.md", "references.md") for p in chapters)
+    text = notebooks.render(ROOT / "book" / "01_ssm_basics.md", url)
+    assert f"git+{url}" in text and "google.colab" in text
+    assert notebooks.render(ROOT / "book" / "01_ssm_basics.md", url) == text  # deterministic
+
+
+def _site(tmp_path, body, extra=None):
+    (tmp_path / "index.html").write_text(f"<html><body>{body}</body></html>")
+    for name, content in (extra or {}).items():
+        (tmp_path / name).write_text(content)
+    return check_site.check(tmp_path)[0]
+
+
+def test_check_site_accepts_a_good_page(tmp_path):
+    (tmp_path / "fig.png").write_bytes(b"png")
+    assert _site(tmp_path, '<a href="other.html#sec">x</a><img src="fig.png">',
+                 {"other.html": '<h1 id="sec">s</h1>'}) == []
+
+
+@pytest.mark.parametrize("body,problem", [
+    ('<img src="missing.png">', "missing image"),
+    ('<a href="nowhere.html">x</a>', "broken link"),
+    ('<a href="other.html#nope">x</a>', "missing anchor"),
+    ("<pre>Traceback (most recent call last)</pre>", "Traceback"),
+])
+def test_check_site_finds_problems(tmp_path, body, problem):
+    problems = _site(tmp_path, body, {"other.html": '<h1 id="sec">s</h1>'})
+    assert len(problems) == 1 and problem in problems[0]
+
+
+def test_animation_writes_a_gif(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    t = np.linspace(0, 1, 20)
+    path = mass_spring_animation(t, np.sin(t), np.cos(t), str(tmp_path / "a.gif"), frames=5)
+    with Image.open(path) as im:
+        assert im.format == "GIF" and im.n_frames == 5
+    with pytest.raises(ValueError, match="frames"):
+        mass_spring_animation(t, t, t, str(tmp_path / "b.gif"), frames=50)
+
+
+def test_time_fn():
+    assert time_fn(lambda: sum(range(1000)), repeats=3) > 0
+    with pytest.raises(ValueError, match="repeats"):
+        time_fn(lambda: 0, repeats=0)
