@@ -18,7 +18,6 @@ __all__ = [
     "kernel_diagonal",
     "s4d_lin_init",
     "s4d_inv_init",
-    "K_conv_power",
     "K_gen_simple",
     "conv_from_gen",
     "K_gen_inverse",
@@ -93,21 +92,6 @@ def _check_even_N(N):
 # --------------------------------------------------------------------------
 # From matrix powers to a generating function (S4, section 3)
 # --------------------------------------------------------------------------
-def K_conv_power(Ab, Bb, Cb, L):
-    """The naive kernel (Cb Ab^l Bb)_l by power iteration v <- Ab v, shape (L,).
-
-    Same numbers as `ssm.K_conv`, but one scan instead of L matrix powers, so
-    it can be run at L = 16384 to show where the naive kernel breaks.
-    """
-    Ab, Bb, Cb = _check_ssm(Ab, Bb, Cb)
-    L = _check_length(L)
-
-    def power(v, _):  # v = Ab^l Bb
-        return Ab @ v, (Cb @ v).reshape()
-
-    return jax.lax.scan(power, Bb, None, length=L)[1]
-
-
 def K_gen_simple(Ab, Bb, Cb, L):
     """The truncated generating function z -> sum_{l<L} K_l z^l of the SSM kernel.
 

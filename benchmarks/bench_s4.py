@@ -1,7 +1,7 @@
 """Benchmark the S4 kernel and layers.
 
 1. Kernel time for one HiPPO SSM (N = 64) at L = 1k, 4k, 16k: the naive
-   power iteration (`K_conv_power`, O(N^2 L), sequential), the generating
+   power iteration (`K_conv`, O(N^2 L), sequential), the generating
    function with one N x N solve per root (`K_gen_inverse`, O(N^3 L)), and the
    DPLR kernel (`kernel_DPLR`, O(N L) Cauchy product + FFT); and the DPLR
    kernel of all H channels of an S4Layer at once (what CNN mode computes).
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from annotated_s4 import (K_conv_power, K_gen_inverse, S4DLayer, S4Layer, conv_from_gen,
+from annotated_s4 import (K_conv, K_gen_inverse, S4DLayer, S4Layer, conv_from_gen,
                           discretize, kernel_DPLR, make_DPLR_HiPPO, make_NPLR_HiPPO)
 from annotated_s4.timing import time_fn
 
@@ -47,7 +47,7 @@ def kernel_fns(N, L):
     Lambda, P, B, _ = make_DPLR_HiPPO(N)
     c64 = lambda x: jnp.asarray(x, jnp.complex64)  # noqa: E731
     Ct = c64(np.random.RandomState(1).randn(N))
-    naive = jax.jit(lambda: K_conv_power(Ab, Bb, Cb, L))
+    naive = jax.jit(lambda: K_conv(Ab, Bb, Cb, L))
     gen = jax.jit(lambda: conv_from_gen(K_gen_inverse(Ab, Bb, Cb, L), L))
     dplr = jax.jit(lambda: kernel_DPLR(c64(Lambda), c64(P), c64(P), c64(B), Ct, step, L))
     return {"naive": naive, "generating_function": gen, "dplr": dplr}

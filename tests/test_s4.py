@@ -7,7 +7,6 @@ from jax import enable_x64
 import annotated_s4  # noqa: F401  (sets the XLA flag first)
 from annotated_s4.hippo import make_DPLR_HiPPO, make_HiPPO, make_NPLR_HiPPO
 from annotated_s4.s4 import (
-    K_conv_power,
     K_gen_inverse,
     K_gen_simple,
     cauchy,
@@ -33,7 +32,6 @@ def test_generating_functions_recover_kernel():
         K = K_conv(Ab, Bb, Cb, L)
         assert _rel(conv_from_gen(K_gen_simple(Ab, Bb, Cb, L), L), K) < 1e-12
         assert _rel(conv_from_gen(K_gen_inverse(Ab, Bb, Cb, L), L), K) < 1e-12
-        assert _rel(K_conv_power(Ab, Bb, Cb, L), K) < 1e-12
 
 
 def test_cauchy_matches_dense():
@@ -55,7 +53,7 @@ def test_kernel_DPLR_matches_dense(N, L):
         rng = np.random.RandomState(1)
         C = rng.randn(N) + 1j * rng.randn(N)
         Ab, Bb, Cb = discretize(jnp.asarray(A), jnp.asarray(B)[:, None], jnp.asarray(C)[None, :], 1.0 / L)
-        dense = K_conv_power(Ab, Bb, Cb.conj(), L).real
+        dense = K_conv(Ab, Bb, Cb.conj(), L).real
         Ct = (np.eye(N) - np.linalg.matrix_power(np.asarray(Ab), L)).conj().T @ np.asarray(Cb).ravel()
         fast = kernel_DPLR(Lambda, P, P, B, Ct, 1.0 / L, L)
         assert _rel(fast, dense) < 1e-8
@@ -68,7 +66,7 @@ def test_kernel_DPLR_matches_hippo_in_original_basis():
         A, _, B0 = make_NPLR_HiPPO(N)
         C0 = np.random.RandomState(2).randn(N)
         Ab, Bb, Cb = discretize(jnp.asarray(A), jnp.asarray(B0)[:, None], jnp.asarray(C0)[None, :], step)
-        dense = K_conv_power(Ab, Bb, Cb, L)
+        dense = K_conv(Ab, Bb, Cb, L)
         Lambda, P, B, V = make_DPLR_HiPPO(N)
         # C in the eigenbasis is C0 V; C~ = C (I - Ab^L); the kernel uses conj(C~).
         AbV = V.conj().T @ np.asarray(Ab) @ V
