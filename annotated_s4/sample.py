@@ -28,6 +28,18 @@ def _step(model, token):
     return model.step(token)
 
 
+def _draw(logp, key, t, temperature):
+    """Token t's draw: categorical over logp / temperature, key folded with t."""
+    return jax.random.categorical(jax.random.fold_in(key, t), logp / temperature).astype(jnp.int32)
+
+
+@nnx.jit
+def _sample_step(model, token, key, t, temperature):
+    """One RNN step and a draw from its output, as one compiled program."""
+    logp = model.step(token)
+    return _draw(logp, key, t, temperature)
+
+
 def _check_model(model):
     if getattr(model, "classification", True) or getattr(model, "vocab_size", None) is None:
         raise ValueError(
@@ -94,21 +106,24 @@ def generate(model, length, *, key, batch_size=None, prefix=None, temperature=1.
     model.eval()
     model.init_cache(batch_size)
     token = jnp.full((batch_size,), model.start_token, dtype=jnp.int32)
-    keys = jax.random.split(key, length)
+    temperature = jnp.float32(temperature)
     out = []
     for t in range(length):
-        logp = _step(model, token)
         if t < n_prefix:
+            _step(model, token)  # read the previous token into the state
             token = prefix[:, t]
         else:
-            token = jax.random.categorical(keys[t], logp / temperature).astype(jnp.int32)
+            token = _sample_step(model, token, key, t, temperature)
         out.append(token)
     return jnp.stack(out, axis=1)
 
 
 @nnx.jit
-def _cnn_log_probs_at(model, x, t):
-    return jax.lax.dynamic_index_in_dim(model(x), t, axis=1, keepdims=False)
+def _cnn_sample_at(model, x, key, t, temperature):
+    """Rerun the CNN on the buffer x, draw token t and write it into x."""
+    logp = jax.lax.dynamic_index_in_dim(model(x), t, axis=1, keepdims=False)
+    token = _draw(logp, key, t, temperature)
+    return jax.lax.dynamic_update_index_in_dim(x, token, t, axis=1)
 
 
 def generate_cnn(model, length, *, key, batch_size, temperature=1.0):
@@ -125,9 +140,7 @@ def generate_cnn(model, length, *, key, batch_size, temperature=1.0):
         raise ValueError(f"temperature must be positive, got {temperature}")
     model.eval()
     x = jnp.zeros((batch_size, length), dtype=jnp.int32)
-    keys = jax.random.split(key, length)
+    temperature = jnp.float32(temperature)
     for t in range(length):
-        logp = _cnn_log_probs_at(model, x, t)
-        token = jax.random.categorical(keys[t], logp / temperature).astype(jnp.int32)
-        x = x.at[:, t].set(token)
+        x = _cnn_sample_at(model, x, key, t, temperature)
     return x
