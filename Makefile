@@ -5,7 +5,6 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-export MPLBACKEND := Agg
 export PYTHONHASHSEED := 0
 
 .PHONY: install notebooks test unit book bench bench-quick clean
