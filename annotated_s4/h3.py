@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .layers import causal_convolution_batched, log_step_initializer
+from .layers import _check_input, _check_step_input, causal_convolution_batched, log_step_initializer
 from .s4 import discretize_diagonal, kernel_diagonal
 
 __all__ = [
@@ -82,18 +82,6 @@ def fft_conv(u, K, axis=1):
 # --- Layers --------------------------------------------------------------------
 
 
-def _check_input(u, H, name="u"):
-    if u.ndim != 3 or u.shape[-1] != H:
-        raise ValueError(f"{name} must have shape (batch, L, {H}), got {u.shape}")
-
-
-def _check_step(u_t, H, cache):
-    if cache is None:
-        raise ValueError("call init_cache(batch_size) before step()")
-    if u_t.ndim != 2 or u_t.shape[-1] != H:
-        raise ValueError(f"u_t must have shape (batch, {H}), got {u_t.shape}")
-
-
 class ShiftSSM(nnx.Module):
     """H independent shift SSMs with N states: y_k = sum_{j<N} C_j u_{k-j}.
 
@@ -120,7 +108,7 @@ class ShiftSSM(nnx.Module):
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N)))
 
     def step(self, u_t):
-        _check_step(u_t, self.H, self.cache)
+        _check_step_input(u_t, self.H, self.cache)
         # x_k = A x_{k-1} + B u_k: shift the window down, put u_k on top
         x = jnp.concatenate([u_t[..., None], self.cache[...][..., :-1]], axis=-1)
         self.cache[...] = x
@@ -193,7 +181,7 @@ class DiagonalSSM(nnx.Module):
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N), jnp.complex64))
 
     def step(self, u_t):
-        _check_step(u_t, self.H, self.cache)
+        _check_step_input(u_t, self.H, self.cache)
         x = self.Lambda_bar[...] * self.cache[...] + self.B_bar[...] * u_t[..., None]
         self.cache[...] = x
         y = 2 * jnp.einsum("hn,bhn->bh", self.C_rnn[...], x).real
@@ -312,7 +300,7 @@ class H3Layer(nnx.Module):
 
     def step(self, u_t):
         """One token: shift state (last keys) + per head a d_h x d_h x N state."""
-        _check_step(u_t, self.H, self.cache)
+        _check_step_input(u_t, self.H, self.cache)
         q, v = self._heads(self.W_Q(u_t)), self._heads(self.W_V(u_t))
         k = self._heads(self.shift.step(self.W_K(u_t)))
         kv = k[..., :, None] * v[..., None, :]                        # (b, h, i, j)
@@ -380,7 +368,7 @@ class CausalSelfAttention(nnx.Module):
         self.cache = nnx.Cache(jnp.zeros((), jnp.int32))             # next position
 
     def step(self, u_t):
-        _check_step(u_t, self.H, self.cache)
+        _check_step_input(u_t, self.H, self.cache)
         t = self.cache[...]
         q, k, v = self._split(u_t[:, None])                         # (b, 1, h, d)
         q, k = _rotary(q, t[None]), _rotary(k, t[None])

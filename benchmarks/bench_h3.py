@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import time
 
 import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
@@ -31,18 +30,9 @@ from flax import nnx
 
 from annotated_s4.h3 import CausalSelfAttention, H3Layer
 from annotated_s4.layers import StackedModel
+from annotated_s4.timing import time_fn
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-
-
-def median_seconds(fn, *args, repeats=5):
-    jax.block_until_ready(fn(*args))  # warm-up (and compilation)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def peak_bytes(fn, *args):
@@ -78,8 +68,8 @@ def layer_sweep(lengths, d_model, head_dim, n_heads, repeats):
             f, fb = jax.jit(fwd), jax.jit(fwd_bwd)
             row = {
                 "layer": name, "L": L,
-                "forward_s": median_seconds(f, state, u, repeats=repeats),
-                "forward_backward_s": median_seconds(fb, state, u, repeats=repeats),
+                "forward_s": time_fn(f, state, u, repeats=repeats),
+                "forward_backward_s": time_fn(fb, state, u, repeats=repeats),
                 "forward_peak_bytes": peak_bytes(fwd, state, u),
                 "forward_backward_peak_bytes": peak_bytes(fwd_bwd, state, u),
             }
