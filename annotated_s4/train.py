@@ -26,7 +26,7 @@ from .layers import StackedModel
 
 __all__ = [
     "loss_fn", "make_optimizer", "train_step", "evaluate", "fit",
-    "DATASETS", "LAYERS", "make_mesh", "shard_batch", "replicate",
+    "DATASETS", "LAYERS", "RECALL_DEFAULTS", "make_mesh", "shard_batch", "replicate",
     "save_checkpoint", "load_checkpoint", "batch_indices", "build_parser",
     "build_model", "run", "main",
 ]
@@ -94,7 +94,9 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     """Train `model` for `steps` steps; returns a history of metrics.
 
     The history holds the training loss of every step, the evaluations made
-    every `eval_every` steps (and at the end), and seconds per step.
+    every `eval_every` steps (and at the end), and the seconds per training
+    step, measured over the steps after the first (which compiles) and without
+    the evaluations.
     """
     if steps < 1:
         raise ValueError(f"steps must be positive, got {steps}")
@@ -103,20 +105,24 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     rng = np.random.default_rng(seed)
     sampler = batches(rng, len(x_train), batch_size)
     history = {"step": [], "train_loss": [], "eval": []}
-    start = time.perf_counter()
+    train_seconds = 0.0
     for step in range(1, steps + 1):
         idx = next(sampler)
         yb = None if y_train is None else jnp.asarray(y_train[idx])
+        start = time.perf_counter()
         loss, _ = train_step(model, optimizer, jnp.asarray(x_train[idx]), yb)
+        loss = float(loss)  # waits for the step to finish
+        if step > 1:  # the first step compiles: time the others
+            train_seconds += time.perf_counter() - start
         history["step"].append(step)
-        history["train_loss"].append(float(loss))
+        history["train_loss"].append(loss)
         if x_test is not None and (step == steps or (eval_every and step % eval_every == 0)):
             metrics = evaluate(model, x_test, y_test)
             history["eval"].append({"step": step, **metrics})
             if log:
-                log(f"step {step:5d}  train loss {float(loss):.4f}  "
+                log(f"step {step:5d}  train loss {loss:.4f}  "
                     f"test loss {metrics['loss']:.4f}  test acc {metrics['accuracy']:.4f}")
-    history["seconds_per_step"] = (time.perf_counter() - start) / steps
+    history["seconds_per_step"] = train_seconds / max(steps - 1, 1)
     return history
 
 
@@ -161,6 +167,11 @@ def _mnist(args):
     d = load_mnist()
     return {**d, "classification": True, "d_output": 10, "d_input": 1,
             "vocab_size": None}
+
+
+# The synthetic recall tasks at the sizes of the H3 paper's table:
+# (sequence length, vocabulary size), used when --seq-len / --vocab-size are not given.
+RECALL_DEFAULTS = {"induction-head": (30, 20), "associative-recall": (20, 10)}
 
 
 def _recall(name):
@@ -222,12 +233,21 @@ def _attention_layer(args, L):
     return functools.partial(CausalSelfAttention, n_heads=args.n_heads, max_len=L + 1)
 
 
+def _hybrid_layer(args, L):
+    """H3 with attention in every second layer (one attention layer in a
+    2-layer model), the hybrid of the H3 paper at small scale."""
+    from .h3 import hybrid
+
+    return hybrid(_h3_layer(args, L), _attention_layer(args, L))
+
+
 LAYERS = {
     "ssm": _ssm_layer,
     "s4": _s4_layer,
     "s4d": _s4d_layer,
     "h3": _h3_layer,
     "attention": _attention_layer,
+    "hybrid": _hybrid_layer,
 }
 
 
@@ -355,12 +375,17 @@ def batch_indices(seed, step, n, batch_size):
 def build_parser():
     p = argparse.ArgumentParser(
         prog="python -m annotated_s4.train",
-        description="Train a stacked SSM / S4 / S4D model on an offline dataset.",
+        description="Train a stacked SSM / S4 / S4D / H3 / attention model on an "
+                    "offline dataset (or MNIST, downloaded once).",
     )
     p.add_argument("--dataset", choices=sorted(DATASETS), default="digits",
                    help="digits: 8x8 digits as 64-step sequences; digits-784: upsampled "
-                        "to 28x28 = 784 steps; digits-gen: next-pixel generation")
-    p.add_argument("--layer", choices=sorted(LAYERS), default="s4")
+                        "to 28x28 = 784 steps; digits-gen: next-pixel generation; "
+                        "induction-head, associative-recall: the synthetic recall tasks "
+                        "of chapter 7, scored on the final position; mnist: 784-step "
+                        "sequential MNIST (needs a download)")
+    p.add_argument("--layer", choices=sorted(LAYERS), default="s4",
+                   help="the sequence layer; hybrid: H3 and attention alternating")
     p.add_argument("--n-layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--state-size", type=int, default=16, help="N, the SSM state size")
@@ -373,10 +398,12 @@ def build_parser():
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0, help="model init and batch order")
     p.add_argument("--seed-data", type=int, default=0, help="train/test split")
-    p.add_argument("--vocab-size", type=int, default=16,
-                   help="vocabulary of the synthetic token tasks")
-    p.add_argument("--seq-len", type=int, default=64,
-                   help="sequence length of the synthetic token tasks")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="vocabulary of the recall tasks (default: 20 for induction-head, "
+                        "10 for associative-recall, as in the H3 paper)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="sequence length of the recall tasks (default: 30 for "
+                        "induction-head, 20 for associative-recall)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate on the test split every this many steps (0: at the end)")
     p.add_argument("--log-every", type=int, default=50)
@@ -390,13 +417,26 @@ def build_parser():
 
 
 def _check_args(args):
-    for name in ("n_layers", "d_model", "state_size", "steps", "batch_size",
-                 "vocab_size", "seq_len"):
+    """Fill in the recall tasks' default sizes and refuse impossible values."""
+    seq_len, vocab_size = RECALL_DEFAULTS.get(args.dataset, (None, None))
+    args.seq_len = seq_len if args.seq_len is None else args.seq_len
+    args.vocab_size = vocab_size if args.vocab_size is None else args.vocab_size
+    positive = ["n_layers", "d_model", "state_size", "head_dim", "n_heads", "steps",
+                "batch_size", "log_every"]
+    if args.dataset in RECALL_DEFAULTS:
+        positive += ["vocab_size", "seq_len"]
+    for name in positive:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, "
                              f"got {getattr(args, name)}")
+    for name in ("eval_every", "ckpt_every", "weight_decay"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must not be negative, "
+                             f"got {getattr(args, name)}")
     if args.lr <= 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
+    if not 0.0 <= args.dropout < 1.0:
+        raise ValueError(f"--dropout must lie in [0, 1), got {args.dropout}")
     if args.resume and not args.out:
         raise ValueError("--resume needs --out DIR")
 
@@ -418,9 +458,9 @@ def build_model(args, data):
     return model
 
 
-_MODEL_KEYS = ("dataset", "layer", "n_layers", "d_model", "state_size", "steps",
-               "batch_size", "lr", "weight_decay", "dropout", "seed", "seed_data",
-               "vocab_size", "seq_len")
+_MODEL_KEYS = ("dataset", "layer", "n_layers", "d_model", "state_size", "head_dim",
+               "n_heads", "steps", "batch_size", "lr", "weight_decay", "dropout", "seed",
+               "seed_data", "vocab_size", "seq_len")
 
 
 def run(args, log=print, devices=None):
@@ -440,6 +480,11 @@ def run(args, log=print, devices=None):
             f"of devices ({n_dev})"
         )
     data = DATASETS[args.dataset](args)
+    if args.batch_size > len(data["x_train"]):
+        raise ValueError(
+            f"--batch-size ({args.batch_size}) must not exceed the number of "
+            f"training sequences ({len(data['x_train'])})"
+        )
     model = build_model(args, data)
     optimizer = make_optimizer(model, lr=args.lr, weight_decay=args.weight_decay,
                                steps=args.steps)
@@ -484,15 +529,21 @@ def run(args, log=print, devices=None):
         xb = shard_batch(mesh, x_train[idx])
         yb = None if generation else shard_batch(mesh, y_train[idx])
         loss, acc = train_step(model, optimizer, xb, yb)
+        loss = float(loss)
+        if not np.isfinite(loss):
+            raise FloatingPointError(
+                f"training diverged at step {step}: the loss is {loss}; "
+                f"try a smaller --lr (now {args.lr})"
+            )
         history["step"].append(step)
-        history["train_loss"].append(float(loss))
+        history["train_loss"].append(loss)
         if step == start_step + 1:  # the first step compiles: time the rest
             t0, timed_steps = time.perf_counter(), 0
         else:
             timed_steps += 1
         if step % args.log_every == 0 or step == args.steps:
             rate = (time.perf_counter() - t0) / max(timed_steps, 1)
-            log(f"step {step:6d}/{args.steps}  loss {float(loss):.4f}  "
+            log(f"step {step:6d}/{args.steps}  loss {loss:.4f}  "
                 f"acc {float(acc):.3f}  {1e3 * rate:.1f} ms/step")
         if args.eval_every and step % args.eval_every == 0 and step != args.steps:
             history["eval"].append({"step": step, **evaluate_test()})
@@ -523,7 +574,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         result = run(args)
-    except ValueError as e:
+    except (ValueError, FloatingPointError) as e:
         raise SystemExit(f"error: {e}")
     return {k: v for k, v in result.items() if k not in ("model", "history")}
 
