@@ -198,3 +198,38 @@ def test_resume_refuses_other_head_count(tmp_path):
         train.run(train.build_parser().parse_args(base + ["--n-heads", "4", "--resume"]),
                   log=None)
 
+
+
+_PARALLEL = r"""
+import json, sys
+import annotated_s4, jax
+from annotated_s4 import train
+assert len(jax.devices()) == {n}, jax.devices()
+args = train.build_parser().parse_args(sys.argv[1:])
+r = train.run(args, log=None)
+x = train.shard_batch(train.make_mesh(), jax.numpy.zeros((16, 2)))
+print(json.dumps({{"loss": r["history"]["train_loss"], "devices": r["devices"],
+                  "shards": len(x.addressable_shards), "acc": r["test_accuracy"]}}))
+"""
+
+
+def _run_on(n):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run(
+        [sys.executable, "-c", _PARALLEL.format(n=n), *TINY, "--steps", "5"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_data_parallel_matches_single_device():
+    """The 4-device run needs its own process (the device count is fixed when
+    JAX starts); the 1-device run is this process's CPU device."""
+    four = _run_on(4)
+    one = train.run(_args(["--steps", "5"]), log=None, devices=jax.devices("cpu")[:1])
+    assert one["devices"] == 1 and four["devices"] == 4 and four["shards"] == 4
+    np.testing.assert_allclose(four["loss"], one["history"]["train_loss"],
+                               rtol=1e-5, atol=1e-5)
+    assert four["acc"] == pytest.approx(one["test_accuracy"], abs=1e-6)
