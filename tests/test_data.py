@@ -1,4 +1,4 @@
-"""Tests for annotated_s4.data: the offline digits and the MNIST loader.
+"""Tests for annotated_s4.data: the offline digits and text, and the MNIST loader.
 
 The MNIST loader never touches the network here: the tests write tiny IDX
 files in the official format, and "download" them from a file:// mirror.
@@ -17,12 +17,18 @@ from annotated_s4 import data
 # --- digits -------------------------------------------------------------------
 
 
-def test_digits_shapes_and_ranges():
+def test_digits_classification_split():
     d = data.load_digits_sequences(side=8)
-    assert d["x_train"].shape[1:] == (64, 1) and d["x_train"].dtype == np.float32
-    assert len(d["x_train"]) + len(d["x_test"]) == 1797
+    assert d["x_train"].shape == (1438, 64, 1) and d["x_test"].shape == (359, 64, 1)
+    assert d["x_train"].dtype == np.float32
     assert 0.0 <= d["x_train"].min() and d["x_train"].max() <= 1.0
     assert set(np.unique(d["y_train"])) == set(range(10))
+    # Deterministic, and train/test do not overlap.
+    again = data.load_digits_sequences(side=8)
+    np.testing.assert_array_equal(d["x_test"], again["x_test"])
+    train_rows = {row.tobytes() for row in d["x_train"]}
+    overlap = sum(row.tobytes() in train_rows for row in d["x_test"])
+    assert overlap < 5  # sklearn digits contain a handful of exact duplicates
 
 
 def test_digits_784_upsampling_keeps_corners_and_split():
@@ -33,22 +39,34 @@ def test_digits_784_upsampling_keeps_corners_and_split():
     a = small["x_test"][:, :, 0].reshape(-1, 8, 8)
     b = big["x_test"][:, :, 0].reshape(-1, 28, 28)
     # bilinear resizing with aligned corners reproduces the corner pixels
-    for (i, j), (k, m) in [((0, 0), (0, 0)), ((7, 7), (27, 27)), ((0, 7), (0, 27))]:
+    for (i, j), (k, m) in [((0, 0), (0, 0)), ((7, 7), (27, 27)), ((0, 7), (0, 27)),
+                           ((7, 0), (27, 0))]:
         np.testing.assert_allclose(a[:, i, j], b[:, k, m], atol=1e-6)
+    assert b.min() >= 0 and b.max() <= 1
 
 
 def test_digits_quantized_tokens():
     d = data.load_digits_sequences(side=8, quantize=True)
-    assert d["x_train"].shape[1:] == (64,)
-    assert np.issubdtype(d["x_train"].dtype, np.integer)
-    assert d["x_train"].min() >= 0 and d["x_train"].max() < data.DIGIT_LEVELS
+    assert d["x_train"].shape == (1438, 64) and d["x_train"].dtype == np.int32
+    assert d["x_train"].min() == 0 and d["x_train"].max() == data.DIGIT_LEVELS - 1
 
 
-def test_digits_bad_arguments():
-    with pytest.raises(ValueError, match="side"):
-        data.load_digits_sequences(side=4)
-    with pytest.raises(ValueError, match="test_fraction"):
-        data.load_digits_sequences(test_fraction=1.5)
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(side=4), "side"), (dict(side=8.5), "side"), (dict(test_fraction=1.5), "test_fraction"),
+])
+def test_digits_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        data.load_digits_sequences(**kwargs)
+
+
+def test_text_corpus():
+    d = data.load_text_corpus()
+    text = "".join(d["vocab"][i] for i in d["train"][:200])
+    assert "statement" in text or "assert" in text  # English prose from the Python docs
+    assert len(d["train"]) > 300_000 and len(d["valid"]) > 30_000
+    assert d["train"].max() < len(d["vocab"]) and d["train"].dtype == np.int32
+    with pytest.raises(ValueError, match="valid_fraction"):
+        data.load_text_corpus(valid_fraction=0.0)
 
 
 def test_batches_cover_an_epoch_without_repeats():
@@ -91,7 +109,8 @@ def mnist_fixture(tmp_path):
 
 def test_official_constants():
     assert set(data.MNIST_FILES.values()) == set(data.MNIST_SHA256)
-    assert all(len(h) == 64 and int(h, 16) >= 0 for h in data.MNIST_SHA256.values())
+    assert all(len(h) == 64 and set(h) <= set("0123456789abcdef")
+               for h in data.MNIST_SHA256.values())
     assert all(m.startswith("https://") and m.endswith("/") for m in data.MNIST_MIRRORS)
 
 

@@ -199,7 +199,6 @@ def test_resume_refuses_other_head_count(tmp_path):
                   log=None)
 
 
-
 _PARALLEL = r"""
 import json, sys
 import annotated_s4, jax
