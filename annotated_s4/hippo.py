@@ -63,15 +63,17 @@ def make_DPLR_HiPPO(N):
     Returns (Lambda, P, B, V), complex128, with
     A = V (diag(Lambda) - P P^*) V^*, where P and B are expressed in that basis.
 
-    S = A + P P^T = -1/2 I + (skew-symmetric), so S is normal with eigenvalues
-    -1/2 + i w. We diagonalise the Hermitian matrix -i S with `eigh` (which is
-    exact-to-rounding and gives an orthonormal V), then read off w.
+    S = A + P P^T = -1/2 I + K with K skew-symmetric, so S is normal with
+    eigenvalues -1/2 + i w. -i S itself is not Hermitian (its diagonal is i/2),
+    but -i K = -i (S + I/2) is: we diagonalise it with `eigh` (exact to
+    rounding, with an orthonormal V), whose real eigenvalues are the w.
     """
     A, P, B = make_NPLR_HiPPO(N)
     S = A + P[:, None] * P[None, :]
     S_diag = np.diagonal(S)
     Lambda_real = np.mean(S_diag) * np.ones_like(S_diag)  # all -1/2
-    Lambda_imag, V = np.linalg.eigh(S * -1j)
+    K = S - np.diag(S_diag)  # the skew-symmetric part, S + I/2
+    Lambda_imag, V = np.linalg.eigh(-1j * K)
     P = V.conj().T @ P
     B = V.conj().T @ B
     return Lambda_real + 1j * Lambda_imag, P, B, V
@@ -90,6 +92,9 @@ def legendre_reconstruct(c, t, s):
     if not t > 0:
         raise ValueError(f"t must be positive, got {t}")
     s = np.asarray(s, dtype=np.float64)
+    if np.any(s < 0) or np.any(s > t):
+        raise ValueError(f"s must lie in [0, t] = [0, {t}], got values in "
+                         f"[{s.min()}, {s.max()}]")
     N = c.shape[0]
     x = 2.0 * s / t - 1.0
     scale = np.sqrt(2 * np.arange(N) + 1.0)

@@ -262,10 +262,15 @@ def _complex(p):
     return p[..., 0] + 1j * p[..., 1]
 
 
-def _as_pair(z, dtype=jnp.float32):
+def _float_dtype():
+    """JAX's default float dtype: float32, or float64 under `jax_enable_x64`."""
+    return jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
+def _as_pair(z, dtype=None):
     """A complex array stored as a (..., 2) float array (real, imag)."""
     z = jnp.asarray(z)
-    return jnp.stack([z.real, z.imag], axis=-1).astype(dtype)
+    return jnp.stack([z.real, z.imag], axis=-1).astype(dtype or _float_dtype())
 
 
 def _check_length_le(u, L):
@@ -276,10 +281,15 @@ def _check_length_le(u, L):
 class S4Layer(nnx.Module):
     """H channels of an S4 SSM with a DPLR state matrix, HiPPO-initialised.
 
-    Parameters (the Annotated S4 layout): Lambda, P, B of the DPLR HiPPO,
-    shared by the H channels; one C~ (the kernel's C (I - Ab^L)), D and
-    log step per channel. Complex parameters are (real, imag) float32 pairs;
-    the real part of Lambda is stored as its log-negative, so it stays < 0.
+    Parameters: Lambda, P, B of the DPLR HiPPO, ONE copy shared by the H
+    channels (the Annotated S4 keeps a copy per channel; sharing is the S4
+    paper's option of tying the state matrix across channels: N-sized instead
+    of H x N-sized, and the Cauchy matrix of the kernel is built once for all
+    channels); one C~ (the kernel's C (I - Ab^L)), D and log step per channel,
+    so every channel still reads the shared HiPPO memory at its own time-scale
+    through its own output vector. Complex parameters are (real, imag) pairs in
+    JAX's default float dtype (float32; float64 under x64); the real part of
+    Lambda is stored as its log-negative, so it stays < 0.
 
     CNN mode builds the length-L kernel with `kernel_DPLR` on every call and
     uses its first u.shape[1] taps. RNN mode (`init_cache`) computes the
@@ -291,12 +301,13 @@ class S4Layer(nnx.Module):
             raise ValueError(f"H, N and L must be positive, got H={H}, N={N}, L={L}")
         self.H, self.N, self.L = H, N, L
         Lambda, P, B, _ = make_DPLR_HiPPO(N)
-        self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(jnp.float32))
-        self.Lambda_im = nnx.Param(jnp.asarray(Lambda.imag, dtype=jnp.float32))
+        dtype = _float_dtype()
+        self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(dtype))
+        self.Lambda_im = nnx.Param(jnp.asarray(Lambda.imag, dtype=dtype))
         self.P = nnx.Param(_as_pair(P))
         self.B = nnx.Param(_as_pair(B))
         # C~ ~ N(0, 1/2) in each of the real and imaginary parts.
-        self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N, 2)) * 0.5**0.5)
+        self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N, 2), dtype) * 0.5**0.5)
         self.D = nnx.Param(jnp.ones((H,)))
         self.log_step = nnx.Param(
             log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
@@ -310,8 +321,14 @@ class S4Layer(nnx.Module):
                 _complex(self.C[...]), jnp.exp(self.log_step[...]))
 
     def kernel(self, L=None):
-        """The per-channel kernel, shape (H, L); L defaults to (and may not exceed) self.L."""
+        """The per-channel kernel, shape (H, L); L defaults to (and may not exceed) self.L.
+
+        C~ = C (I - Ab^L) ties the kernel to its length self.L, so a longer
+        kernel is not available: asking for one raises.
+        """
         L = self.L if L is None else L
+        if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L <= self.L:
+            raise ValueError(f"L must be an int in [1, self.L = {self.L}], got {L!r}")
         Lambda, P, B, C, step = self.ssm_params()
         K = jax.vmap(lambda C, step: kernel_DPLR(Lambda, P, P, B, C, step, self.L))(C, step)
         return K[:, :L]
@@ -328,7 +345,7 @@ class S4Layer(nnx.Module):
             lambda C, step: discrete_DPLR(Lambda, P, P, B, C, step, self.L)
         )(C, step)
         self.Ab, self.Bb, self.Cb = nnx.Cache(Ab), nnx.Cache(Bb[..., 0]), nnx.Cache(Cb[:, 0])
-        self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N), jnp.complex64))
+        self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N), Ab.dtype))
 
     def step(self, u_t):
         _check_step_input(u_t, self.H, self.cache)
@@ -357,11 +374,12 @@ class S4DLayer(nnx.Module):
         if init not in inits:
             raise ValueError(f"init must be 'lin' or 'inv', got {init!r}")
         self.H, self.N, self.L = H, N, L
+        dtype = _float_dtype()
         Lambda = jnp.broadcast_to(inits[init](N), (H, N // 2))
-        self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(jnp.float32))
-        self.Lambda_im = nnx.Param(Lambda.imag.astype(jnp.float32))
-        self.B = nnx.Param(_as_pair(jnp.ones((H, N // 2), jnp.complex64)))
-        self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N // 2, 2)) * 0.5**0.5)
+        self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(dtype))
+        self.Lambda_im = nnx.Param(Lambda.imag.astype(dtype))
+        self.B = nnx.Param(_as_pair(jnp.ones((H, N // 2))))
+        self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N // 2, 2), dtype) * 0.5**0.5)
         self.D = nnx.Param(jnp.ones((H,)))
         self.log_step = nnx.Param(
             log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
@@ -393,7 +411,7 @@ class S4DLayer(nnx.Module):
         self.Lambda_bar = nnx.Cache(Lambda_bar)
         self.B_bar = nnx.Cache(B_bar)
         self.C2 = nnx.Cache(2 * C)
-        self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), jnp.complex64))
+        self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), Lambda_bar.dtype))
 
     def step(self, u_t):
         _check_step_input(u_t, self.H, self.cache)

@@ -39,12 +39,34 @@ def _check_diagonal(Lambda, B, C):
     return Lambda, B, C
 
 
+def _check_step(step):
+    """step must be positive (checked when it is a concrete value, not under jit)."""
+    if isinstance(step, jax.core.Tracer):
+        return step
+    a = np.asarray(step)
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        raise TypeError(f"step must be a real number or array, got dtype {a.dtype}")
+    if not np.all(a > 0):
+        raise ValueError(f"step must be positive, got {step}")
+    return step
+
+
 def discretize_diagonal(Lambda, B, step):
     """Zero-order-hold discretization of x' = diag(Lambda) x + B u.
 
     Returns (Lambda_bar, B_bar) = (exp(step Lambda), (exp(step Lambda) - 1) / Lambda * B),
-    so that x_k = Lambda_bar * x_{k-1} + B_bar u_k, elementwise.
+    so that x_k = Lambda_bar * x_{k-1} + B_bar u_k, elementwise. Lambda and B
+    have the same shape ((N,), or (H, N) for H channels); step is positive and
+    broadcasts against them (a scalar, or (H, 1)).
     """
+    Lambda, B = jnp.asarray(Lambda), jnp.asarray(B)
+    if Lambda.ndim < 1 or B.shape != Lambda.shape:
+        raise ValueError(f"Lambda and B must have the same shape (..., N), got "
+                         f"{Lambda.shape} and {B.shape}")
+    step = _check_step(step)
+    if jnp.ndim(step) > Lambda.ndim or jnp.broadcast_shapes(jnp.shape(step), Lambda.shape) != Lambda.shape:
+        raise ValueError(f"step of shape {jnp.shape(step)} does not broadcast against "
+                         f"Lambda of shape {Lambda.shape}")
     dtL = step * Lambda
     Lambda_bar = jnp.exp(dtL)
     return Lambda_bar, (Lambda_bar - 1.0) / Lambda * B
@@ -59,6 +81,9 @@ def kernel_diagonal(Lambda, B, C, step, L):
     caller puts in C, or into taking the real part as here).
     """
     Lambda, B, C = _check_diagonal(Lambda, B, C)
+    L = _check_length(L)
+    if jnp.ndim(step) != 0:
+        raise ValueError(f"step must be a scalar, got shape {jnp.shape(step)}")
     _, B_bar = discretize_diagonal(Lambda, B, step)
     V = jnp.exp((step * Lambda)[:, None] * jnp.arange(L)[None, :])  # (N, L)
     return jnp.einsum("n,nl->l", C * B_bar, V).real
@@ -68,7 +93,7 @@ def s4d_lin_init(N):
     """S4D-Lin: Lambda_n = -1/2 + i pi n, n = 0 .. N/2 - 1 (N/2 conjugate-pair modes)."""
     N = _check_even_N(N)
     n = np.arange(N // 2)
-    return jnp.asarray(-0.5 + 1j * np.pi * n, dtype=jnp.complex64)
+    return jnp.asarray(-0.5 + 1j * np.pi * n, dtype=_complex_dtype())
 
 
 def s4d_inv_init(N):
@@ -79,7 +104,12 @@ def s4d_inv_init(N):
     """
     N = _check_even_N(N)
     n = np.arange(N // 2)
-    return jnp.asarray(-0.5 + 1j * (N / np.pi) * (N / (2 * n + 1) - 1), dtype=jnp.complex64)
+    return jnp.asarray(-0.5 + 1j * (N / np.pi) * (N / (2 * n + 1) - 1), dtype=_complex_dtype())
+
+
+def _complex_dtype():
+    """complex64, or complex128 under `jax_enable_x64` (JAX's default complex dtype)."""
+    return jax.dtypes.canonicalize_dtype(jnp.complex128)
 
 
 def _check_even_N(N):
@@ -111,6 +141,8 @@ def conv_from_gen(gen, L):
     Evaluating gen at the L roots of unity omega^k = exp(-2 pi i k / L) is a
     discrete Fourier transform of K, so an inverse FFT gives K back.
     """
+    if not callable(gen):
+        raise TypeError(f"gen must be a function z -> K_hat(z), got {type(gen).__name__}")
     L = _check_length(L)
     Omega_L = jnp.exp((-2j * jnp.pi) * (jnp.arange(L) / L))
     atRoots = jax.vmap(gen)(Omega_L)
@@ -165,8 +197,7 @@ def _check_dplr(Lambda, P, Q, B, C, step):
     for name, a in zip("PQBC", arrs[1:]):
         if a.shape != (N,):
             raise ValueError(f"{name} must have shape (N,) = ({N},), got {a.shape}")
-    if not isinstance(step, jax.core.Tracer) and not np.all(np.asarray(step) > 0):
-        raise ValueError(f"step must be positive, got {step}")
+    _check_step(step)
     return arrs
 
 

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .layers import S4DLayer, S4Layer
+
 __all__ = ["rnn_log_probs", "generate", "generate_cnn"]
 
 
@@ -53,7 +55,31 @@ def _check_tokens(x, name, vocab_size):
     if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"{name} must be integer tokens of shape (batch, L), got "
                         f"{x.dtype} {x.shape}")
+    if x.size and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
+        raise ValueError(f"{name} must hold tokens in [0, vocab_size) = [0, {vocab_size}), "
+                         f"got values in [{int(x.min())}, {int(x.max())}]")
     return x
+
+
+def _check_batch_size(batch_size):
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+
+def _check_length(model, length):
+    """length must be a positive int, and no more than an S4/S4D layer's L.
+
+    Those layers are built for sequences of at most L steps (S4's C~ =
+    C (I - Ab^L) defines the kernel for exactly that length), and their CNN
+    mode refuses longer inputs; RNN mode must not silently go past them.
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be a positive int, got {length!r}")
+    limits = [block.seq.L for block in getattr(model, "layers", [])
+              if isinstance(getattr(block, "seq", None), (S4Layer, S4DLayer))]
+    if limits and length > min(limits):
+        raise ValueError(f"length {length} exceeds the model's S4/S4D layer length "
+                         f"L = {min(limits)}; build the model with a larger L")
 
 
 def rnn_log_probs(model, x):
@@ -65,6 +91,7 @@ def rnn_log_probs(model, x):
     """
     _check_model(model)
     x = _check_tokens(x, "x", model.vocab_size)
+    _check_length(model, x.shape[1])
     model.eval()
     model.init_cache(x.shape[0])
     token = jnp.full((x.shape[0],), model.start_token, dtype=x.dtype)
@@ -86,8 +113,7 @@ def generate(model, length, *, key, batch_size=None, prefix=None, temperature=1.
     Returns the tokens, (batch, length) int32.
     """
     _check_model(model)
-    if not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be a positive int, got {length!r}")
+    _check_length(model, length)
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     if prefix is not None:
@@ -100,8 +126,7 @@ def generate(model, length, *, key, batch_size=None, prefix=None, temperature=1.
         batch_size = prefix.shape[0]
         n_prefix = prefix.shape[1]
     else:
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        _check_batch_size(batch_size)
         n_prefix = 0
     model.eval()
     model.init_cache(batch_size)
@@ -134,8 +159,8 @@ def generate_cnn(model, length, *, key, batch_size, temperature=1.0):
     output t. This is what generation costs without a recurrent view.
     """
     _check_model(model)
-    if not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be a positive int, got {length!r}")
+    _check_length(model, length)
+    _check_batch_size(batch_size)
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     model.eval()

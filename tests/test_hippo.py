@@ -60,6 +60,23 @@ def test_errors():
         hippo_legs_states(np.zeros((3, 2)), 4)
     with pytest.raises(ValueError, match="t"):
         legendre_reconstruct(np.zeros(3), 0.0, 0.5)
+    with pytest.raises(ValueError, match="s must lie"):
+        legendre_reconstruct(np.zeros(3), 1.0, [0.5, 1.5])
+    with pytest.raises(ValueError, match="s must lie"):
+        legendre_reconstruct(np.zeros(3), 1.0, -0.1)
+
+
+def test_dplr_eigenvalues_come_from_a_hermitian_matrix():
+    """-i (S + I/2) is Hermitian with real eigenvalues Im(Lambda); -i S is not."""
+    N = 16
+    A, P0, _ = make_NPLR_HiPPO(N)
+    S = A + np.outer(P0, P0)
+    H = -1j * (S + 0.5 * np.eye(N))
+    assert np.allclose(H, H.conj().T, atol=1e-12)
+    assert not np.allclose(-1j * S, (-1j * S).conj().T)
+    Lambda, _, _, V = make_DPLR_HiPPO(N)
+    assert np.allclose(H @ V, V * Lambda.imag, atol=1e-10)
+    assert np.allclose(np.sort(np.linalg.eigvalsh(H)), np.sort(Lambda.imag), atol=1e-10)
 
 
 def test_history_matrix_matches_online_run_and_is_orthogonal():

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 import annotated_s4  # noqa: F401  (sets the XLA flag first)
+from annotated_s4.hippo import make_DPLR_HiPPO
 from annotated_s4.layers import S4DLayer, S4Layer, StackedModel
 
 H, N, L, BATCH = 3, 8, 32, 2
@@ -60,8 +61,63 @@ def test_params_get_gradients(name, make):
 def test_s4_is_hippo_initialised_and_stable():
     layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
     Lambda, P, B, C, step = layer.ssm_params()
+    Lambda0, P0, B0, _ = make_DPLR_HiPPO(N)
     assert np.allclose(Lambda.real, -0.5, atol=1e-6)
+    # the whole DPLR HiPPO, not only its real part: one shared copy (float32)
+    assert Lambda.shape == P.shape == B.shape == (N,)
+    np.testing.assert_allclose(Lambda.imag, Lambda0.imag, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(P, P0, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(B, B0, rtol=1e-6, atol=1e-6)
     assert C.shape == (H, N) and step.shape == (H,)
+
+
+def test_s4_kernel_length_is_at_most_L():
+    layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
+    assert layer.kernel(10).shape == (H, 10)
+    np.testing.assert_allclose(layer.kernel(10), layer.kernel()[:, :10], rtol=1e-6)
+    with pytest.raises(ValueError, match="L must be an int in"):
+        layer.kernel(L + 1)
+    with pytest.raises(ValueError, match="L must be an int in"):
+        layer.kernel(0)
+
+
+_F64_CNN_RNN = """
+import functools, jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+from flax import nnx
+from annotated_s4.layers import S4DLayer, S4Layer
+u = jax.random.normal(jax.random.PRNGKey(1), (2, 64, 3))
+for make in [functools.partial(S4Layer, N=16, L=64),
+             functools.partial(S4DLayer, N=16, L=64, init="lin"),
+             functools.partial(S4DLayer, N=16, L=64, init="inv")]:
+    layer = make(3, rngs=nnx.Rngs(0))
+    assert layer.C[...].dtype == jnp.float64 and layer.Lambda_im[...].dtype == jnp.float64
+    y_cnn = layer(u)
+    layer.init_cache(2)
+    assert layer.cache[...].dtype == jnp.complex128
+    y_rnn = jnp.stack([layer.step(u[:, k]) for k in range(64)], axis=1)
+    assert y_cnn.dtype == y_rnn.dtype == jnp.float64
+    err = float(jnp.abs(y_cnn - y_rnn).max() / jnp.abs(y_cnn).max())
+    assert err < 1e-10, (type(layer).__name__, err)
+print("ok")
+"""
+
+
+def test_cnn_equals_rnn_float64():
+    """In float64 the two modes agree to 1e-10 relative: the float32 gap is rounding."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _F64_CNN_RNN], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_params_follow_default_float_dtype():
+    for layer in [S4Layer(H, N, L, rngs=nnx.Rngs(0)), S4DLayer(H, N, L, rngs=nnx.Rngs(0))]:
+        for leaf in jax.tree_util.tree_leaves(nnx.state(layer, nnx.Param)):
+            assert leaf.dtype == jnp.float32
 
 
 def test_s4d_errors():

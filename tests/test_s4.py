@@ -12,6 +12,7 @@ from annotated_s4.s4 import (
     cauchy,
     conv_from_gen,
     discrete_DPLR,
+    discretize_diagonal,
     kernel_DPLR,
     kernel_diagonal,
     s4d_inv_init,
@@ -132,3 +133,28 @@ def test_errors():
         cauchy(np.ones(4), np.ones(2), np.ones(3))
     with pytest.raises(ValueError, match="omega"):
         cauchy(np.ones(3), np.ones((2, 2)), np.ones(3))
+
+
+def test_diagonal_and_generating_function_errors():
+    lam, b = s4d_lin_init(4), np.ones(2)
+    with pytest.raises(ValueError, match="Lambda and B"):
+        discretize_diagonal(lam, np.ones(3), 0.1)
+    with pytest.raises(ValueError, match="step must be positive"):
+        discretize_diagonal(lam, b, 0.0)
+    with pytest.raises(TypeError, match="step"):
+        discretize_diagonal(lam, b, 1j)
+    with pytest.raises(ValueError, match="broadcast"):
+        discretize_diagonal(lam, b, np.full((3, 1), 0.1))
+    # the per-channel form used by S4DLayer: (H, N/2) with step (H, 1)
+    Lb, Bb = discretize_diagonal(np.stack([lam, lam]), np.ones((2, 2)), np.array([[0.1], [0.2]]))
+    assert Lb.shape == Bb.shape == (2, 2)
+    with pytest.raises(TypeError, match="L"):
+        kernel_diagonal(lam, b, b, 0.1, 8.0)
+    with pytest.raises(ValueError, match="L"):
+        kernel_diagonal(lam, b, b, 0.1, 0)
+    with pytest.raises(ValueError, match="step must be positive"):
+        kernel_diagonal(lam, b, b, -0.1, 8)
+    with pytest.raises(ValueError, match="step must be a scalar"):
+        kernel_diagonal(lam, b, b, np.array([0.1, 0.2]), 8)
+    with pytest.raises(TypeError, match="gen"):
+        conv_from_gen(np.ones(8), 8)

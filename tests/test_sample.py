@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4.layers import SSMLayer, StackedModel
+from annotated_s4.layers import S4DLayer, S4Layer, SSMLayer, StackedModel
 from annotated_s4.sample import generate, generate_cnn, rnn_log_probs
 
 V, L = 5, 12
@@ -46,6 +46,17 @@ def test_prefix_is_kept_and_completion_is_conditioned(model):
     out = generate(model, L, key=jax.random.key(2), prefix=prefix)
     assert out.shape == (2, L)
     np.testing.assert_array_equal(out[:, :3], prefix)
+    # Conditioned: the two prefixes lead to different next-token distributions ...
+    logp = rnn_log_probs(model, out)
+    assert float(jnp.abs(jnp.exp(logp[0, 3]) - jnp.exp(logp[1, 3])).max()) > 1e-3
+    # ... and a greedy completion follows the distributions given the prefix.
+    greedy = generate(model, L, key=jax.random.key(2), prefix=prefix, temperature=1e-4)
+    np.testing.assert_array_equal(greedy[:, :3], prefix)
+    np.testing.assert_array_equal(greedy[:, 3:], rnn_log_probs(model, greedy)[:, 3:].argmax(-1))
+    # the same key, a different prefix: the first sampled token's distribution moves
+    other = jnp.array([[4, 0, 0], [1, 2, 3]], dtype=jnp.int32)
+    logp_other = rnn_log_probs(model, generate(model, L, key=jax.random.key(2), prefix=other))
+    np.testing.assert_allclose(logp_other[1, 3], logp[0, 3], atol=1e-5)
 
 
 def test_low_temperature_is_greedy(model):
@@ -72,7 +83,35 @@ def test_bad_arguments(model):
         generate(model, 2, key=jax.random.key(0), prefix=jnp.zeros((1, 3), jnp.int32))
     with pytest.raises(TypeError, match="prefix"):
         generate(model, 3, key=jax.random.key(0), prefix=jnp.zeros((1, 2)))
+    with pytest.raises(ValueError, match="prefix must hold tokens"):
+        generate(model, 4, key=jax.random.key(0), prefix=jnp.full((1, 2), V, jnp.int32))
+    with pytest.raises(ValueError, match="x must hold tokens"):
+        rnn_log_probs(model, jnp.full((1, 3), -1, jnp.int32))
+    with pytest.raises(ValueError, match="batch_size"):
+        generate_cnn(model, 3, key=jax.random.key(0), batch_size=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        generate_cnn(model, 3, key=jax.random.key(0), batch_size=None)
     classifier = StackedModel(functools.partial(SSMLayer, N=2, L=L), 3, 4, 1,
                               rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="next-step"):
         generate(classifier, 3, key=jax.random.key(0), batch_size=1)
+
+
+@pytest.mark.parametrize("layer", [functools.partial(S4Layer, N=4, L=L),
+                                   functools.partial(S4DLayer, N=4, L=L)],
+                         ids=["s4", "s4d"])
+def test_generate_with_s4_and_s4d(layer):
+    model = StackedModel(layer, V, 8, 2, rngs=nnx.Rngs(0), vocab_size=V, classification=False)
+    x = jax.random.randint(jax.random.key(1), (2, L), 0, V)
+    model.eval()
+    np.testing.assert_allclose(rnn_log_probs(model, x), model(x), atol=1e-4)
+    a = generate(model, L, key=jax.random.key(4), batch_size=3)
+    b = generate_cnn(model, L, key=jax.random.key(4), batch_size=3)
+    assert a.shape == (3, L) and int(a.min()) >= 0 and int(a.max()) < V
+    np.testing.assert_array_equal(a, b)
+    # the layers are built for L steps (S4's C~ defines a length-L kernel)
+    for fn in (generate, generate_cnn):
+        with pytest.raises(ValueError, match="exceeds the model's S4/S4D layer length"):
+            fn(model, L + 1, key=jax.random.key(0), batch_size=1)
+    with pytest.raises(ValueError, match="exceeds"):
+        rnn_log_probs(model, jnp.zeros((1, L + 1), jnp.int32))
