@@ -39,7 +39,29 @@ def _site(tmp_path, body, extra=None):
     (tmp_path / "index.html").write_text(f"<html><body>{body}</body></html>")
     for name, content in (extra or {}).items():
         (tmp_path / name).write_text(content)
-    return check_site.check(tmp_path)[0]
+    return check_site.check(tmp_path, root=tmp_path / "repo")[0]
+
+
+COLAB = "https://colab.research.google.com/github/org/repo/blob/main/"
+
+
+@pytest.mark.parametrize("link,problem", [
+    (COLAB + "book/01_a.ipynb", None),
+    (COLAB + "book/01_a.md", "missing notebook"),
+    (COLAB + "book/02_b.ipynb", "missing notebook"),
+    ("https://example.org/", "no Colab link"),
+])
+def test_check_site_wants_a_colab_link_on_every_chapter(tmp_path, link, problem):
+    repo = tmp_path / "repo"
+    (repo / "book").mkdir(parents=True)
+    (repo / "book" / "01_a.ipynb").write_text("{}")
+    site = tmp_path / "site"
+    (site / "book").mkdir(parents=True)
+    (site / "index.html").write_text("<html></html>")
+    (site / "book" / "01_a.html").write_text(f'<a href="{link}">Colab</a>')
+    problems = check_site.check(site, root=repo)[0]
+    assert len(problems) == (0 if problem is None else 1)
+    assert problem is None or problem in problems[0]
 
 
 def test_check_site_accepts_a_good_page(tmp_path):

@@ -3,8 +3,10 @@
     python tools/check_site.py [_build/html]
 
 Fails (exit 1) if any page shows a traceback or an error output, if an
-image a page references does not exist, or if an internal link points to a
-page or anchor that does not exist.
+image a page references does not exist, if an internal link points to a
+page or anchor that does not exist, or if a chapter page (one built from a
+notebook of book/) has no "open in Colab" link to a notebook that exists in
+the repository.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+COLAB = "colab.research.google.com/github/"
 
 ERROR_MARKERS = (
     "Traceback (most recent call last)",
@@ -43,8 +48,32 @@ def parse(path):
     return page
 
 
-def check(site):
+def colab_problems(rel, links, root=ROOT):
+    """A chapter page must link to Colab, at a notebook of this repository.
+
+    Colab links look like .../github/ORG/REPO/blob/BRANCH/PATH; PATH must be
+    an .ipynb file that exists here (the generated notebook of the chapter).
+    """
+    targets = [href.split(COLAB, 1)[1] for href in links if COLAB in href]
+    if not targets:
+        return [f"{rel}: no Colab link"]
+    problems = []
+    for target in targets:
+        parts = target.split("/", 4)  # ORG, REPO, "blob", BRANCH, PATH
+        path = parts[4] if len(parts) == 5 and parts[2] == "blob" else ""
+        if not path.endswith(".ipynb") or not (root / path).exists():
+            problems.append(f"{rel}: Colab link to a missing notebook {target}")
+    return problems
+
+
+def chapter_pages(root=ROOT):
+    """Pages built from the chapters that have a generated notebook (book/NN_*.ipynb)."""
+    return {Path("book", p.with_suffix(".html").name) for p in (root / "book").glob("*.ipynb")}
+
+
+def check(site, root=ROOT):
     site = Path(site)
+    chapters = chapter_pages(root)
     pages = {p.resolve(): parse(p) for p in site.rglob("*.html")}
     problems = []
     for path, page in pages.items():
@@ -52,6 +81,8 @@ def check(site):
         if rel.parts[0] in ("_static", "genindex.html", "search.html"):
             continue
         text = path.read_text(errors="replace")
+        if rel in chapters:
+            problems += colab_problems(rel, page.links, root)
         for marker in ERROR_MARKERS:
             if marker in text:
                 problems.append(f"{rel}: contains {marker!r}")
