@@ -36,6 +36,32 @@ def test_fit_learns_digits():
     assert h["eval"][-1]["accuracy"] > 0.15  # chance is 0.1; 60 steps is a short run
 
 
+def test_loss_fn_is_the_nll_of_the_targets():
+    logp = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1]], dtype=np.float32))
+    loss, acc = train.loss_fn(lambda x: logp, None, np.array([0, 2]))
+    assert float(loss) == pytest.approx(-(np.log(0.5) + np.log(0.1)) / 2, rel=1e-6)
+    assert float(acc) == pytest.approx(0.5)
+    # next-step prediction: the targets are the tokens themselves
+    tokens = np.array([[1, 1]])
+    loss, acc = train.loss_fn(lambda x: logp[None], tokens)
+    assert float(loss) == pytest.approx(-(np.log(0.25) + np.log(0.8)) / 2, rel=1e-6)
+    assert float(acc) == pytest.approx(0.5)
+
+
+def test_evaluate_weights_batches_by_size():
+    d = annotated_s4.data.load_digits_sequences(side=8)
+    model = StackedModel(functools.partial(SSMLayer, N=4, L=64), 10, 8, 1,
+                         rngs=nnx.Rngs(0), dropout=0.5)
+    x, y = d["x_test"][:50], d["y_test"][:50]
+    whole = train.evaluate(model, x, y, batch_size=50)
+    ragged = train.evaluate(model, x, y, batch_size=7)  # 7 batches of 7, one of 1
+    assert whole["loss"] == pytest.approx(ragged["loss"], rel=1e-5)
+    assert whole["accuracy"] == pytest.approx(ragged["accuracy"], abs=1e-6)
+    # evaluated without dropout, and the model is left in training mode
+    assert train.evaluate(model, x, y)["loss"] == pytest.approx(whole["loss"], rel=1e-5)
+    assert model.layers[0].drop.deterministic is False
+
+
 def test_help_lists_the_options(capsys):
     with pytest.raises(SystemExit) as e:
         train.main(["--help"])
