@@ -25,7 +25,7 @@ from .hippo import make_DPLR_HiPPO
 from .s4 import (discrete_DPLR, discretize_diagonal, kernel_DPLR, kernel_diagonal,
                  s4d_inv_init, s4d_lin_init)
 from .ssm import K_conv, discretize
-from .toeplitz import etsc, etsc_kernel
+from .toeplitz import SSMDecoder, etsc, etsc_kernel
 
 __all__ = [
     "log_step_initializer",
@@ -432,8 +432,9 @@ class ToeplitzLayer(nnx.Module):
     ``to_ssm(h)`` converts the kernel, zero-padded to length h, with ETSC into a
     diagonal SSM with h states per channel. From then on the layer IS that SSM:
     CNN mode uses its kernel (equal to t up to lag h, periodic with period h+1
-    beyond), and RNN mode runs the recurrence in the exact-phase rotating frame
-    of `toeplitz.SSMDecoder`: O(h H) per token whatever the position.
+    beyond), and RNN mode runs `toeplitz.SSMDecoder`'s exact-phase recurrence
+    (mapped over the batch): O(h H) per token whatever the position, and, like
+    the kernel, exact up to lag h and periodic beyond.
     """
 
     def __init__(self, H, L, *, rngs: nnx.Rngs, decay=None):
@@ -471,12 +472,9 @@ class ToeplitzLayer(nnx.Module):
         if self.ssm_b is None:  # cache of the last L inputs, oldest first
             self.cache = nnx.Cache(jnp.zeros((batch_size, self.L, self.H)))
             return
-        b = self.ssm_b[...]
-        h = b.shape[0]
-        m = jnp.arange(h + 1).astype(b.real.dtype)
-        self.roots = nnx.Cache(jnp.exp(2j * jnp.pi * m / (h + 1)).astype(b.dtype))
-        self.phase = nnx.Cache(jnp.zeros((h,), jnp.int32))  # p_k = ik mod (h+1)
-        self.cache = nnx.Cache(jnp.zeros((batch_size, h, self.H), b.dtype))
+        z, p = SSMDecoder.from_etsc(self.ssm_b[...]).init()  # (h, H), (h,)
+        self.phase = nnx.Cache(p)  # p_k = ik mod (h+1), shared by the batch
+        self.cache = nnx.Cache(jnp.broadcast_to(z, (batch_size,) + z.shape))
 
     def step(self, u_t):
         _check_step_input(u_t, self.H, self.cache)
@@ -485,10 +483,9 @@ class ToeplitzLayer(nnx.Module):
             self.cache[...] = buf
             y = jnp.einsum("blh,hl->bh", buf, self.t[...][:, ::-1])
             return y + self.D[...] * u_t
-        b = self.ssm_b[...]
-        h = b.shape[0]
-        w = self.roots[...][self.phase[...]][None, :, None]  # lambda_k^i, exactly
-        z = self.cache[...] + b[None] * jnp.conj(w) * u_t[:, None, :]
-        self.cache[...] = z
-        self.phase[...] = (self.phase[...] + jnp.arange(1, h + 1)) % (h + 1)
-        return (w * z).real.sum(axis=1) + self.D[...] * u_t
+        # the exact-phase recurrence of toeplitz.SSMDecoder, mapped over the batch
+        dec = SSMDecoder.from_etsc(self.ssm_b[...])
+        (z, p), y = jax.vmap(dec.step, in_axes=((0, None), 0), out_axes=((0, None), 0))(
+            (self.cache[...], self.phase[...]), u_t)
+        self.cache[...], self.phase[...] = z, p
+        return y + self.D[...] * u_t

@@ -14,6 +14,8 @@ classes that hold arrays and expose one functional interface
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,9 +55,16 @@ def _check_ssm(lambd, b):
             lambd.ndim == 2 and b.shape != lambd.shape):
         raise ValueError(f"b must have shape (h,) or (h, d) matching lambd "
                          f"{lambd.shape}, got {b.shape}")
-    if not (bool(jnp.all(jnp.isfinite(lambd))) and bool(jnp.all(jnp.isfinite(b)))):
+    traced = isinstance(lambd, jax.core.Tracer) or isinstance(b, jax.core.Tracer)
+    if not traced and not (bool(jnp.all(jnp.isfinite(lambd)))
+                           and bool(jnp.all(jnp.isfinite(b)))):
         raise ValueError("lambd and b must be finite (no NaN or inf)")
     return lambd, b
+
+
+def _check_length(n, name="n"):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{name} must be a positive integer, got {n!r}")
 
 
 def etsc(t):
@@ -81,7 +90,12 @@ def etsc(t):
 
 
 def _on_etsc_grid(lambd):
-    """True if lambd are exactly the ETSC roots of unity exp(2 pi i k/(h+1))."""
+    """True if lambd are exactly the ETSC roots of unity exp(2 pi i k/(h+1)).
+
+    Under jit (lambd a tracer) the values are unknown: returns False, so the
+    checked entry points take their general path."""
+    if isinstance(lambd, jax.core.Tracer):
+        return False
     h = lambd.shape[0]
     k = jnp.angle(lambd) * (h + 1) / (2 * jnp.pi)
     k = jnp.where(k < 0.5, k + (h + 1), k)  # angles in (-pi, pi] -> k in 1..h
@@ -107,8 +121,7 @@ def ssm_to_toeplitz(lambd, b, n):
     is evaluated as exp(i log lambd) chunk by chunk.
     """
     lambd, b = _check_ssm(lambd, b)
-    if not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    _check_length(n)
     if lambd.ndim == 1 and _on_etsc_grid(lambd):
         return etsc_kernel(b, n)
     bb = b if b.ndim == 2 else b[:, None]
@@ -139,13 +152,17 @@ def etsc_kernel(b, n):
 
 def ssm_to_toeplitz_naive(lambd, b, n):
     """The same kernel with the powers lambd^i taken literally (jnp.power):
-    the textbook Vandermonde evaluation, whose float32 error grows with i."""
+    the textbook Vandermonde evaluation, whose float32 error grows with i.
+    lambd (h,), b (h,) or (h, d); returns (n,) or (n, d)."""
     lambd, b = _check_ssm(lambd, b)
     if lambd.ndim != 1:
         raise ValueError(f"lambd must have shape (h,) here, got {lambd.shape}")
-    i = jnp.arange(n)
-    V = jnp.power(lambd[None, :], i[:, None])
-    return (V @ b).real
+    _check_length(n)
+
+    chunk = 1024  # rows at a time: memory chunk * h, the arithmetic unchanged
+    return jnp.concatenate([
+        (jnp.power(lambd[None, :], jnp.arange(s, min(s + chunk, n))[:, None]) @ b).real
+        for s in range(0, n, chunk)], axis=0)
 
 
 def toeplitz_matvec(t, x):
@@ -162,6 +179,33 @@ def toeplitz_matvec(t, x):
     return y[:n]
 
 
+def _gradient_loss(p, t2, scale):
+    """sum_i |t_i - sum_k b_k lambd_k^i|^2 / sum t^2, lambd = sigmoid(r) e^{i theta}."""
+    i = jnp.arange(t2.shape[0], dtype=t2.dtype)[:, None, None]
+    # log lambd = log sigmoid(r) + i theta; lambd^i = exp(i log lambd)
+    log_l = jax.nn.log_sigmoid(p["r"]) + 1j * p["theta"]
+    pred = jnp.sum(jnp.exp(i * log_l[None]) * (p["b_re"] + 1j * p["b_im"])[None], axis=1)
+    return jnp.sum(jnp.abs(t2 - pred) ** 2) / scale
+
+
+@functools.partial(jax.jit, static_argnames=("steps",))
+def _adam_fit(params, t2, lr, steps):
+    """`steps` Adam steps on `_gradient_loss`, one compiled scan. Defined once at
+    module level, so a second call with the same shapes reuses the compiled
+    program (a benchmark can warm it up and time the fit alone)."""
+    tx = optax.adam(lr)
+    scale = jnp.sum(t2 ** 2) + jnp.finfo(t2.dtype).tiny
+
+    def body(carry, _):
+        p, s = carry
+        value, g = jax.value_and_grad(_gradient_loss)(p, t2, scale)
+        updates, s = tx.update(g, s, p)
+        return (optax.apply_updates(p, updates), s), value
+
+    (params, _), losses = jax.lax.scan(body, (params, tx.init(params)), None, length=steps)
+    return params, losses
+
+
 def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0):
     """The gradient baseline (Algorithm 2 of ETSC): fit lambd, b by Adam.
 
@@ -172,41 +216,20 @@ def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0):
     Memory is O(n h d): the Vandermonde tensor is formed at each step.
     """
     t = _check_kernel(t)
-    if not isinstance(h, (int, np.integer)) or h < 1:
-        raise ValueError(f"h must be a positive integer, got {h!r}")
-    if not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    _check_length(h, "h")
+    _check_length(steps, "steps")
+    if not isinstance(lr, (int, float, np.floating, np.integer)) or isinstance(lr, bool) \
+            or not np.isfinite(lr) or lr <= 0:
+        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
     squeeze = t.ndim == 1
     t2 = t[:, None] if squeeze else t
-    n, d = t2.shape
+    d = t2.shape[1]
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
     params = {name: jax.random.normal(k, (h, d), t.dtype)
               for name, k in zip(("r", "theta", "b_re", "b_im"), keys)}
-    i = jnp.arange(n, dtype=t.dtype)[:, None, None]
-    scale = jnp.sum(t2 ** 2) + jnp.finfo(t.dtype).tiny
-
-    def unpack(p):
-        return (jax.nn.sigmoid(p["r"]) * jnp.exp(1j * p["theta"]),
-                p["b_re"] + 1j * p["b_im"])
-
-    def loss(p):
-        # log lambd = log sigmoid(r) + i theta; lambd^i = exp(i log lambd)
-        log_l = jax.nn.log_sigmoid(p["r"]) + 1j * p["theta"]
-        pred = jnp.sum(jnp.exp(i * log_l[None]) * (p["b_re"] + 1j * p["b_im"])[None], axis=1)
-        return jnp.sum(jnp.abs(t2 - pred) ** 2) / scale
-
-    tx = optax.adam(lr)
-
-    def body(carry, _):
-        p, s = carry
-        value, g = jax.value_and_grad(loss)(p)
-        updates, s = tx.update(g, s, p)
-        return (optax.apply_updates(p, updates), s), value
-
-    (params, _), losses = jax.jit(
-        lambda p: jax.lax.scan(body, (p, tx.init(p)), None, length=steps)
-    )(params)
-    lambd, b = unpack(params)
+    params, losses = _adam_fit(params, t2, jnp.asarray(lr, t.dtype), steps)
+    lambd = jax.nn.sigmoid(params["r"]) * jnp.exp(1j * params["theta"])
+    b = params["b_re"] + 1j * params["b_im"]
     if squeeze:
         lambd, b = lambd[:, 0], b[:, 0]
     return lambd, b, losses
@@ -222,12 +245,28 @@ def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0):
 
 
 class _Decoder:
+    """Shared checks. Each decoder sets ``n``, the longest sequence it decodes
+    correctly, and ``d``, the number of channels."""
+
+    def _check_step(self, x_t):
+        if jnp.shape(x_t) != (self.d,):
+            raise ValueError(f"x_t must have shape ({self.d},) (one token of every "
+                             f"channel), got {jnp.shape(x_t)}")
+
     def decode(self, x):
-        """Run step over x (L, d) from a fresh state; returns y (L, d)."""
+        """Run step over x (L, d) from a fresh state; returns y (L, d).
+
+        L must be at most n: past its kernel's length the FFT buffer would drop
+        the writes, the Cache would see zero taps and the SSM would repeat its
+        kernel periodically, each silently wrong, so longer inputs raise."""
         x = _check_kernel(x, "x")
         x = x[:, None] if x.ndim == 1 else x
         if x.shape[1] != self.d:
             raise ValueError(f"x must have {self.d} channels, got shape {x.shape}")
+        if x.shape[0] > self.n:
+            raise ValueError(f"x has {x.shape[0]} time steps but this {type(self).__name__} "
+                             f"covers at most n = {self.n} (its kernel length or state "
+                             "size); convert a longer kernel")
         return jax.lax.scan(self.step, self.init(), x)[1]
 
 
@@ -245,6 +284,7 @@ class FFTDecoder(_Decoder):
         return jnp.zeros_like(self.t), jnp.zeros((), jnp.int32)
 
     def step(self, state, x_t):
+        self._check_step(x_t)
         buf, i = state
         buf = buf.at[i].set(x_t)
         y = jnp.fft.irfft(jnp.fft.rfft(buf, 2 * self.n, axis=0) * self.t_hat,
@@ -267,6 +307,7 @@ class CacheDecoder(_Decoder):
         return jnp.zeros_like(self.t), jnp.zeros((), jnp.int32)
 
     def step(self, state, x_t):
+        self._check_step(x_t)
         buf, i = state
         buf = buf.at[i].set(x_t)
         # rows n-1-i .. 2n-2-i of the padded reversed kernel: t_{i-j} for j <= i, 0 after
@@ -294,12 +335,32 @@ class SSMDecoder(_Decoder):
 
     def __init__(self, lambd, b, exact_phase=True):
         lambd, b = _check_ssm(lambd, b)
-        self.lambd = lambd
-        self.b = b[:, None] if b.ndim == 1 else b
-        self.h, self.d = self.b.shape
+        if lambd.ndim != 1:
+            raise ValueError(f"lambd must have shape (h,) (shared by all channels), "
+                             f"got {lambd.shape}")
         if exact_phase and not _on_etsc_grid(lambd):
             raise ValueError("exact_phase=True needs lambd on the ETSC grid "
                              "exp(2 pi i k/(h+1)), k = 1..h (pass exact_phase=False)")
+        self._setup(lambd, b, exact_phase)
+
+    @classmethod
+    def from_etsc(cls, b):
+        """The exact-phase decoder for ETSC coefficients b (h,) or (h, d), with
+        lambd the ETSC grid itself. No value checks, so it can be built inside
+        jit (as `layers.ToeplitzLayer` does); `SSMDecoder(*etsc(t))` is the
+        checked entry point."""
+        self = cls.__new__(cls)
+        h = b.shape[0]
+        real = b.real.dtype
+        lambd = jnp.exp(2j * jnp.pi * jnp.arange(1, h + 1).astype(real) / (h + 1))
+        self._setup(lambd.astype(b.dtype), b, True)
+        return self
+
+    def _setup(self, lambd, b, exact_phase):
+        self.lambd = lambd
+        self.b = b[:, None] if b.ndim == 1 else b
+        self.h, self.d = self.b.shape
+        self.n = self.h  # the kernel is exact for lags < h, periodic after h + 1
         self.exact_phase = exact_phase
         if exact_phase:
             N = self.h + 1
@@ -315,6 +376,7 @@ class SSMDecoder(_Decoder):
         return z
 
     def step(self, state, x_t):
+        self._check_step(x_t)
         if not self.exact_phase:
             state = self.lambd[:, None] * state + self.b * x_t[None, :]
             return state, state.real.sum(axis=0)
