@@ -16,28 +16,16 @@ from pathlib import Path
 
 import annotated_s4  # noqa: F401  (sets XLA flags first)
 import jax
-import jax.numpy as jnp
 
-from annotated_s4 import K_conv, causal_convolution, discretize, random_SSM, run_SSM
-from annotated_s4.timing import time_fn
+from annotated_s4.timing import convolution_timings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def run(lengths, N=64, repeats=5):
-    A, B, C = random_SSM(jax.random.PRNGKey(3), N)
-    A = A - N * jnp.eye(N)  # stable, so outputs stay finite at every length
-    fft = jax.jit(lambda u, K: causal_convolution(u, K))
-    direct = jax.jit(lambda u, K: causal_convolution(u, K, nofft=True))
-    scan = jax.jit(lambda u: run_SSM(A, B, C, u))
     rows = []
-    for L in lengths:
-        u = jax.random.normal(jax.random.PRNGKey(4), (L,))
-        K = K_conv(*discretize(A, B, C, 1.0 / L), L)
-        row = {"L": L,
-               "fft_s": time_fn(fft, u, K, repeats=repeats),
-               "direct_s": time_fn(direct, u, K, repeats=repeats),
-               "scan_s": time_fn(scan, u, repeats=repeats)}
+    for L in lengths:  # one length at a time, so the table grows as it runs
+        row = convolution_timings([L], N=N, repeats=repeats)[0]
         rows.append(row)
         print(f"{L:>6} {1e3 * row['fft_s']:>10.3f} {1e3 * row['direct_s']:>11.3f} {1e3 * row['scan_s']:>9.3f}"
               f" {row['direct_s'] / row['fft_s']:>12.1f} {row['scan_s'] / row['fft_s']:>10.1f}", flush=True)
