@@ -97,3 +97,11 @@ def test_time_fn():
     assert time_fn(lambda: sum(range(1000)), repeats=3) > 0
     with pytest.raises(ValueError, match="repeats"):
         time_fn(lambda: 0, repeats=0)
+
+
+def test_convolution_timings_rows():
+    from annotated_s4.timing import convolution_timings
+
+    rows = convolution_timings([32, 64], N=4, repeats=1)
+    assert [r["L"] for r in rows] == [32, 64]
+    assert all(r[k] > 0 for r in rows for k in ("fft_s", "direct_s", "scan_s"))
