@@ -9,10 +9,14 @@
    batch 8) at the same lengths.
 3. Generation: producing L outputs one at a time in RNN mode (one cached
    step per output) versus recomputing the CNN-mode forward pass on the growing
-   prefix (what a convolution-only model would have to do), for a short L.
+   prefix (what a convolution-only model would have to do), at several L.
+
+The kernel measurements are `annotated_s4.s4_timing.kernel_scaling`, the same
+function chapter 5 calls for its (shorter) scaling figure.
 
 Usage:  python benchmarks/bench_s4.py [--quick]
---quick runs a reduced sweep (CPU CI budgets): L = 1k, 4k and H = 32.
+--quick runs a reduced sweep (CPU CI budgets): L = 1k, 4k, H = 32, and
+generation at L = 32, 64, 128.
 Writes benchmarks/results/s4.json and benchmarks/results/s4.png.
 """
 
@@ -30,42 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from annotated_s4 import (K_conv, K_gen_inverse, S4DLayer, S4Layer, conv_from_gen,
-                          discretize, kernel_DPLR, make_DPLR_HiPPO, make_NPLR_HiPPO)
+from annotated_s4 import S4DLayer, S4Layer
+from annotated_s4.s4_timing import kernel_scaling, linearity, loglog_slope
 from annotated_s4.timing import time_fn
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-
-
-def kernel_fns(N, L):
-    """The three kernel computations for the HiPPO SSM, as jitted thunks."""
-    step = 1.0 / L
-    A, _, B0 = make_NPLR_HiPPO(N)
-    C0 = np.random.RandomState(0).randn(N) / np.sqrt(N)
-    Ab, Bb, Cb = discretize(jnp.asarray(A, jnp.float32), jnp.asarray(B0, jnp.float32)[:, None],
-                            jnp.asarray(C0, jnp.float32)[None, :], step)
-    Lambda, P, B, _ = make_DPLR_HiPPO(N)
-    c64 = lambda x: jnp.asarray(x, jnp.complex64)  # noqa: E731
-    Ct = c64(np.random.RandomState(1).randn(N))
-    naive = jax.jit(lambda: K_conv(Ab, Bb, Cb, L))
-    gen = jax.jit(lambda: conv_from_gen(K_gen_inverse(Ab, Bb, Cb, L), L))
-    dplr = jax.jit(lambda: kernel_DPLR(c64(Lambda), c64(P), c64(P), c64(B), Ct, step, L))
-    return {"naive": naive, "generating_function": gen, "dplr": dplr}
-
-
-def layer_kernel_fn(H, N, L):
-    """The H-channel DPLR kernel of an S4Layer's parameters (what CNN mode computes).
-
-    Jitted as a pure function of the parameters, so that the time is the
-    kernel's and not the module bookkeeping of `nnx.jit` (a few ms per call).
-    """
-    Lambda, P, B, C, step = S4Layer(H, N, L, rngs=nnx.Rngs(0)).ssm_params()
-
-    @jax.jit
-    def kernel(Lambda, P, B, C, step):
-        return jax.vmap(lambda C, s: kernel_DPLR(Lambda, P, P, B, C, s, L))(C, step)
-
-    return lambda: kernel(Lambda, P, B, C, step)
 
 
 def layer_fwd_bwd(layer_cls, H, N, L, batch):
@@ -118,21 +91,18 @@ def main(argv=None):
 
     print(f"backend {out['backend']}, N = {N}, H = {H}, batch = {batch}")
     print("\nkernel time for one SSM (median ms)")
+    # 16k dense 64 x 64 solves per call take minutes on a CPU: skip them there
+    max_L = {"generating_function": 4096} if out["backend"] == "cpu" else None
+    times = kernel_scaling(lengths, N=N, H=H, max_L=max_L, repeats=repeats)
     print(f"{'L':>6} {'naive':>10} {'gen. fn':>10} {'DPLR':>10} {'naive/DPLR':>11} "
           f"{'DPLR x H':>10}")
-    for L in lengths:
-        row = {}
-        for name, fn in kernel_fns(N, L).items():
-            if name == "generating_function" and L > 4096 and out["backend"] == "cpu":
-                row[name] = None  # 16k dense 64 x 64 solves: minutes on a CPU
-                continue
-            row[name] = time_fn(fn, repeats=repeats)
-        row["dplr_H_channels"] = time_fn(layer_kernel_fn(H, N, L), repeats=repeats)
+    for i, L in enumerate(lengths):
+        row = {name: t[i] for name, t in times.items()}
         out["kernel"][L] = row
         g = "-" if row["generating_function"] is None else f"{1e3 * row['generating_function']:10.2f}"
         print(f"{L:>6} {1e3 * row['naive']:10.2f} {g:>10} {1e3 * row['dplr']:10.2f} "
               f"{row['naive'] / row['dplr']:11.1f} {1e3 * row['dplr_H_channels']:10.2f}")
-        sys.stdout.flush()
+    sys.stdout.flush()
 
     print(f"\nlayer forward + backward (median ms), H = {H}, N = {N}, batch = {batch}")
     print(f"{'L':>6} {'S4':>10} {'S4D':>10} {'S4/S4D':>8}")
@@ -145,24 +115,27 @@ def main(argv=None):
         print(f"{L:>6} {1e3 * row['s4']:10.1f} {1e3 * row['s4d']:10.1f} {row['s4'] / row['s4d']:8.2f}")
         sys.stdout.flush()
 
-    Lg = 64 if quick else 256
-    print(f"\ngeneration of {Lg} steps, H = {H}, N = {N}, batch = {batch} (median s)")
-    out["generation"] = {"L": Lg}
+    gen_lengths = [32, 64, 128] if quick else [128, 256, 512, 1024]
+    print(f"\ngeneration, H = {H}, N = {N}, batch = {batch} (median s)")
+    out["generation"] = {"lengths": gen_lengths}
     for name, cls in [("s4", S4Layer), ("s4d", S4DLayer)]:
-        row = generation(cls, H, N, Lg, batch, repeats=1 if quick else 3)
-        out["generation"][name] = row
-        print(f"{name:>4}: RNN {row['rnn']:.3f} s, CNN on every prefix {row['cnn']:.3f} s, "
-              f"ratio {row['cnn'] / row['rnn']:.1f}x")
+        rows = [generation(cls, H, N, Lg, batch, repeats=1 if quick else 3) for Lg in gen_lengths]
+        out["generation"][name] = rows
+        for Lg, row in zip(gen_lengths, rows):
+            print(f"{name:>4} L = {Lg:5d}: RNN {row['rnn']:.3f} s, CNN on every prefix "
+                  f"{row['cnn']:.3f} s, ratio {row['cnn'] / row['rnn']:.1f}x")
 
     # how the cost grows: slopes of log time vs log L (1.0 = linear)
-    Ls = np.log(np.array(lengths, float))
     slopes = {
-        "dplr_kernel_H_channels": np.polyfit(
-            Ls, np.log([out["kernel"][L]["dplr_H_channels"] for L in lengths]), 1)[0],
-        "s4_layer_fwd_bwd": np.polyfit(Ls, np.log([out["layer"][L]["s4"] for L in lengths]), 1)[0],
+        "dplr_kernel": loglog_slope(lengths, times["dplr"]),
+        "dplr_kernel_H_channels": loglog_slope(lengths, times["dplr_H_channels"]),
+        "naive_kernel": loglog_slope(lengths, times["naive"]),
+        "s4_layer_fwd_bwd": loglog_slope(lengths, [out["layer"][L]["s4"] for L in lengths]),
     }
-    out["loglog_slopes"] = {k: float(v) for k, v in slopes.items()}
+    out["loglog_slopes"] = slopes
     print("\ntime ~ L^slope: " + ", ".join(f"{k} {v:.2f}" for k, v in slopes.items()))
+    for k in ("dplr_kernel", "dplr_kernel_H_channels"):
+        print(f"{k}: slope {slopes[k]:.2f}, {linearity(slopes[k])}")
 
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "s4.json"), "w") as f:
@@ -179,7 +152,7 @@ def plot(out, path):
     import matplotlib.pyplot as plt
 
     Ls = out["lengths"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 3.6))
     for name, marker in [("naive", "s"), ("generating_function", "^"), ("dplr", "o"),
                          ("dplr_H_channels", "D")]:
         pts = [(L, out["kernel"][L][name]) for L in Ls if out["kernel"][L][name] is not None]
@@ -192,6 +165,13 @@ def plot(out, path):
         ax2.loglog(Ls, [out["layer"][L][name] for L in Ls], marker + "-", label=name.upper())
     ax2.set_xlabel("L"); ax2.set_title(f"layer fwd+bwd, H = {out['H']}, batch = {out['batch']}")
     ax2.legend(fontsize=8)
+    gL = out["generation"]["lengths"]
+    for name, marker in [("s4", "o"), ("s4d", "s")]:
+        for mode, ls in [("rnn", "-"), ("cnn", "--")]:
+            ax3.loglog(gL, [r[mode] for r in out["generation"][name]], marker + ls,
+                       label=f"{name.upper()} {'RNN steps' if mode == 'rnn' else 'CNN per prefix'}")
+    ax3.set_xlabel("generated length L"); ax3.set_title("generation")
+    ax3.legend(fontsize=8)
     fig.suptitle(f"bench_s4 on {out['backend']}", fontsize=10)
     plt.tight_layout()
     fig.savefig(path, dpi=100)
