@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -40,10 +41,18 @@ __all__ = [
 # --- The two SSMs as pure functions ------------------------------------------
 
 
+def _check_size(name, value):
+    """A positive Python or numpy integer (not a bool); returns it as an int."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
 def shift_matrix(N):
     """The N x N shift matrix: ones on the subdiagonal, so (A x)_n = x_{n-1}."""
-    if not isinstance(N, int) or N < 1:
-        raise ValueError(f"N must be a positive int, got {N!r}")
+    N = _check_size("N", N)
     return jnp.eye(N, k=-1)
 
 
@@ -57,8 +66,7 @@ def shift_kernel(C, L):
     if C.ndim < 1:
         raise ValueError(f"C must have a trailing state axis of size N, got shape {C.shape}")
     N = C.shape[-1]
-    if not isinstance(L, int) or L < 1:
-        raise ValueError(f"L must be a positive int, got {L!r}")
+    L = _check_size("L", L)
     if L >= N:
         return jnp.pad(C, [(0, 0)] * (C.ndim - 1) + [(0, L - N)])
     return C[..., :L]
@@ -91,8 +99,7 @@ class ShiftSSM(nnx.Module):
     """
 
     def __init__(self, H, N=4, *, rngs: nnx.Rngs):
-        if H < 1 or N < 1:
-            raise ValueError(f"H and N must be positive, got H={H}, N={N}")
+        H, N = _check_size("H", H), _check_size("N", N)
         self.H, self.N = H, N
         self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N)) / math.sqrt(N))
         self.cache = nnx.data(None)
@@ -131,18 +138,20 @@ def _s4d_lin_init(rngs, H, N, dt_min, dt_max):
 
 
 class DiagonalSSM(nnx.Module):
-    """H independent diagonal SSMs (S4D, chapter 5) with N complex modes each.
+    """H independent diagonal SSMs with N complex modes each: S4D-Lin in the
+    form H3 uses.
 
     Lambda = -exp(log_Lambda_re) + i Lambda_im keeps the real part negative
-    (stable); B = 1; the kernel K_l = 2 Re sum_n C_n B_bar_n Lambda_bar_n^l is
-    `kernel_diagonal` with ZOH. Used on its own it is the S4D baseline; H3
-    uses one per head on the key-value memory.
+    (stable); B = 1 is fixed (only C, Lambda, the step and D are learned); the
+    kernel K_l = 2 Re sum_n C_n B_bar_n Lambda_bar_n^l is `kernel_diagonal`
+    with ZOH. (`layers.S4DLayer` of chapter 5 differs: N/2 conjugate modes and
+    a learned B.) Used on its own it is the S4D baseline of chapter 7; H3 uses
+    one per head on the key-value memory.
     """
 
-    def __init__(self, H, N=32, L=None, *, rngs: nnx.Rngs, dt_min=0.001, dt_max=0.1):
-        if H < 1 or N < 1:
-            raise ValueError(f"H and N must be positive, got H={H}, N={N}")
-        self.H, self.N, self.L = H, N, L
+    def __init__(self, H, N=32, *, rngs: nnx.Rngs, dt_min=0.001, dt_max=0.1):
+        H, N = _check_size("H", H), _check_size("N", N)
+        self.H, self.N = H, N
         re, im, C, log_step = _s4d_lin_init(rngs, H, N, dt_min, dt_max)
         self.log_Lambda_re = nnx.Param(jnp.log(-re))
         self.Lambda_im = nnx.Param(im)
@@ -205,7 +214,12 @@ class H3Layer(nnx.Module):
 
     def __init__(self, H, *, rngs: nnx.Rngs, head_dim=8, state_size=32,
                  shift_size=4, L=None, dt_min=0.001, dt_max=0.1):
-        if H < 1 or head_dim < 1 or H % head_dim:
+        # L is unused (the kernels are built for the input's length); it is
+        # accepted because the training CLI passes L to every layer factory.
+        H, head_dim = _check_size("H", H), _check_size("head_dim", head_dim)
+        state_size = _check_size("state_size", state_size)
+        shift_size = _check_size("shift_size", shift_size)
+        if H % head_dim:
             raise ValueError(f"head_dim must divide H, got H={H}, head_dim={head_dim}")
         self.H, self.head_dim, self.n_heads = H, head_dim, H // head_dim
         self.state_size, self.L = state_size, L
@@ -256,6 +270,7 @@ class H3Layer(nnx.Module):
         the diagonal SSM adds 2 Re C Lambda_bar^{t+1} x_prev to step t.
         """
         _check_input(u, self.H)
+        self._check_state(state, u.shape[0])
         k_prev, x_prev = state
         T, P = u.shape[1], k_prev.shape[1]
         q, v = self._heads(self.W_Q(u)), self._heads(self.W_V(u))
@@ -270,16 +285,29 @@ class H3Layer(nnx.Module):
         y = y + 2 * jnp.einsum("hn,bhijn,hnt->bthij", C, x_prev, powers).real
         o = jnp.einsum("bthi,bthij->bthj", q, y).reshape(u.shape)
         # new state: x_T = Lambda_bar^T x_prev + sum_t Lambda_bar^{T-1-t} B_bar kv_t
-        decay = powers[..., ::-1] / Lambda_bar[:, :, None]           # Lambda_bar^{T-1-t}
+        # (powers computed directly: dividing by Lambda_bar would give 0/0 = NaN
+        # once Lambda_bar^T underflows)
+        decay = Lambda_bar[:, :, None] ** jnp.arange(T - 1, -1, -1)  # Lambda_bar^{T-1-t}
         x_new = powers[None, :, None, None, :, -1] * x_prev + jnp.einsum(
             "hnt,bthij->bhijn", B_bar[:, :, None] * decay, kv.astype(jnp.complex64))
         k_new = k_raw[:, k_raw.shape[1] - P:] if P else k_prev
         return self.W_O(o), (k_new, x_new)
 
+    def _check_state(self, state, batch_size):
+        expected = tuple(s.shape for s in self.init_state(batch_size))
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise TypeError("state must be a pair (k_prev, x_prev) as returned by "
+                            f"init_state, got {type(state).__name__}")
+        got = tuple(jnp.shape(s) for s in state)
+        if got != expected:
+            raise ValueError(f"state must have shapes {expected} (k_prev, x_prev) for "
+                             f"batch {batch_size}, got {got}")
+
     def chunked(self, u, chunk_size):
         """The layer on a long u, `chunk_size` steps at a time (state passing)."""
         _check_input(u, self.H)
-        if chunk_size < 1 or u.shape[1] % chunk_size:
+        chunk_size = _check_size("chunk_size", chunk_size)
+        if u.shape[1] % chunk_size:
             raise ValueError(
                 f"chunk_size must divide L = {u.shape[1]}, got {chunk_size}")
         state = self.init_state(u.shape[0])
@@ -333,11 +361,16 @@ class CausalSelfAttention(nnx.Module):
 
     ``step`` decodes with a key-value cache of ``max_len`` positions: each new
     token attends to all cached keys, so a step costs O(t H) and the cache
-    grows with t, where H3's state stays the same size.
+    grows with t, where H3's state stays the same size. Sequences longer than
+    ``max_len`` are refused: ``__call__`` raises ValueError, and so does
+    ``step`` when its position is a concrete number; under ``jit`` (position
+    traced) a step past the cache returns NaN instead of overwriting a slot.
     """
 
     def __init__(self, H, *, rngs: nnx.Rngs, n_heads=4, max_len=2048):
-        if H < 1 or n_heads < 1 or H % n_heads:
+        H, n_heads = _check_size("H", H), _check_size("n_heads", n_heads)
+        max_len = _check_size("max_len", max_len)
+        if H % n_heads:
             raise ValueError(f"n_heads must divide H, got H={H}, n_heads={n_heads}")
         self.H, self.n_heads, self.head_dim, self.max_len = H, n_heads, H // n_heads, max_len
         self.W_QKV = nnx.Linear(H, 3 * H, rngs=rngs)
@@ -352,6 +385,8 @@ class CausalSelfAttention(nnx.Module):
     def __call__(self, u):
         _check_input(u, self.H)
         L = u.shape[1]
+        if L > self.max_len:
+            raise ValueError(f"u has length {L}, more than max_len = {self.max_len}")
         q, k, v = self._split(u)                                    # (b, L, h, d)
         pos = jnp.arange(L)
         q, k = _rotary(q, pos), _rotary(k, pos)
@@ -370,6 +405,9 @@ class CausalSelfAttention(nnx.Module):
     def step(self, u_t):
         _check_step_input(u_t, self.H, self.cache)
         t = self.cache[...]
+        if not isinstance(t, jax.core.Tracer) and int(t) >= self.max_len:
+            raise ValueError(f"the key-value cache is full: step {int(t)} needs "
+                             f"max_len > {int(t)}, got max_len = {self.max_len}")
         q, k, v = self._split(u_t[:, None])                         # (b, 1, h, d)
         q, k = _rotary(q, t[None]), _rotary(k, t[None])
         self.k_cache[...] = jax.lax.dynamic_update_slice_in_dim(self.k_cache[...], k, t, axis=1)
@@ -378,7 +416,10 @@ class CausalSelfAttention(nnx.Module):
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, self.k_cache[...]) / math.sqrt(self.head_dim)
         scores = jnp.where(jnp.arange(self.max_len) <= t, scores, -jnp.inf)
         o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), self.v_cache[...])
-        return self.W_O(o.reshape(u_t.shape))
+        out = self.W_O(o.reshape(u_t.shape))
+        # traced past the end: dynamic_update_slice clamped t, so the write
+        # above overwrote the last slot; make the result unmistakably wrong
+        return jnp.where(t < self.max_len, out, jnp.nan)
 
 
 # --- Reading a next-token model at the last position ---------------------------
@@ -403,14 +444,24 @@ class LastTokenModel(nnx.Module):
 def hybrid(*factories):
     """A layer factory for `StackedModel` that cycles through `factories`:
     ``hybrid(h3, attention)`` builds H3 in layer 0, attention in layer 1, and
-    so on. Each factory is called as ``factory(H, rngs=rngs)``."""
+    so on. Each factory is called as ``factory(H, rngs=rngs)``.
+
+    `StackedModel` builds its layers one after another with one `nnx.Rngs`;
+    the position in the cycle restarts whenever the factory is called with a
+    different `rngs` object, so every model built with its own `rngs` starts
+    at ``factories[0]``, however many layers the previous one had. (Two models
+    built from the *same* `rngs` object continue one cycle.)"""
     if not factories:
         raise ValueError("hybrid needs at least one layer factory")
-    count = [0]
+    if not all(callable(f) for f in factories):
+        raise TypeError("hybrid's arguments must be layer factories (callables)")
+    last = {"rngs": None, "count": 0}   # holds rngs, so its identity stays unique
 
     def make(H, *, rngs):
-        layer = factories[count[0] % len(factories)](H, rngs=rngs)
-        count[0] += 1
+        if rngs is not last["rngs"]:
+            last["rngs"], last["count"] = rngs, 0
+        layer = factories[last["count"] % len(factories)](H, rngs=rngs)
+        last["count"] += 1
         return layer
 
     return make

@@ -9,7 +9,7 @@ from flax import nnx
 
 from annotated_s4.h3 import (
     CausalSelfAttention, DiagonalSSM, H3Layer, LastTokenModel, ShiftSSM,
-    fft_conv, shift_kernel, shift_matrix,
+    fft_conv, hybrid, shift_kernel, shift_matrix,
 )
 from annotated_s4.layers import StackedModel
 
@@ -156,5 +156,103 @@ def test_bad_arguments_raise():
         layer.chunked(jnp.zeros((1, 10, 8)), 3)
     with pytest.raises(ValueError, match="L must be a positive int"):
         shift_kernel(jnp.ones(3), 0)
+    with pytest.raises(ValueError, match="H must be a positive int"):
+        DiagonalSSM(0, 4, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="K must have length"):
         fft_conv(jnp.zeros((1, 5, 2)), jnp.zeros((2, 4)))
+
+
+def test_sizes_accept_numpy_integers():
+    assert jnp.allclose(shift_matrix(np.int64(4)), shift_matrix(4))
+    assert shift_kernel(jnp.ones(3), np.int32(6)).shape == (6,)
+    layer = H3Layer(np.int64(8), rngs=nnx.Rngs(0), head_dim=np.int64(4),
+                    state_size=np.int64(6), shift_size=np.int64(3))
+    assert layer(_u((1, 5, 8))).shape == (1, 5, 8)
+    with pytest.raises(TypeError, match="N must be an int"):
+        shift_matrix(4.0)
+    with pytest.raises(TypeError, match="L must be an int"):
+        shift_kernel(jnp.ones(3), True)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"state_size": 0}, ValueError, "state_size must be a positive int"),
+    ({"shift_size": 0}, ValueError, "shift_size must be a positive int"),
+    ({"state_size": 4.5}, TypeError, "state_size must be an int"),
+    ({"shift_size": "4"}, TypeError, "shift_size must be an int"),
+])
+def test_h3_checks_its_sizes(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        H3Layer(8, rngs=nnx.Rngs(0), head_dim=4, **kwargs)
+
+
+def test_chunked_checks_chunk_size():
+    layer = H3Layer(8, rngs=nnx.Rngs(0), head_dim=4, state_size=4)
+    u = _u((1, 12, 8))
+    with pytest.raises(TypeError, match="chunk_size must be an int"):
+        layer.chunked(u, 4.0)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        layer.chunked(u, 0)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        layer.chunked(u, -4)
+    assert jnp.allclose(layer.chunked(u, np.int64(4)), layer(u), atol=1e-4)
+
+
+def test_chunk_checks_state():
+    layer = H3Layer(8, rngs=nnx.Rngs(0), head_dim=4, state_size=4, shift_size=3)
+    u = _u((2, 6, 8))
+    k_prev, x_prev = layer.init_state(2)
+    with pytest.raises(ValueError, match="state must have shapes"):
+        layer.chunk(u, (k_prev, x_prev[..., :3]))
+    with pytest.raises(ValueError, match="state must have shapes"):
+        layer.chunk(u, layer.init_state(3))            # batch 3 for a batch-2 chunk
+    with pytest.raises(TypeError, match="state must be a pair"):
+        layer.chunk(u, x_prev)
+
+
+def test_chunk_survives_underflowing_decay():
+    # a fast-decaying mode: Lambda_bar^T underflows to 0 in float32 within a
+    # chunk; the carried state must stay finite (it once was 0/0 = NaN)
+    layer = H3Layer(8, rngs=nnx.Rngs(1), head_dim=4, state_size=4)
+    layer.diag.log_Lambda_re[...] = jnp.full_like(layer.diag.log_Lambda_re[...], jnp.log(200.0))
+    layer.diag.log_step[...] = jnp.zeros_like(layer.diag.log_step[...])   # step 1
+    u = _u((1, 32, 8), seed=3)
+    y, (k_new, x_new) = layer.chunk(u, layer.init_state(1))
+    assert jnp.isfinite(y).all() and jnp.isfinite(x_new).all()
+    assert jnp.allclose(layer.chunked(u, 8), layer(u), atol=1e-4)
+
+
+def test_attention_refuses_sequences_longer_than_max_len():
+    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, max_len=4)
+    with pytest.raises(ValueError, match="more than max_len = 4"):
+        layer(_u((1, 5, 8)))
+    assert layer(_u((1, 4, 8))).shape == (1, 4, 8)
+    # RNN mode, eager: the fifth step raises instead of overwriting slot 3
+    layer.init_cache(1)
+    for t in range(4):
+        layer.step(_u((1, 8), seed=t))
+    with pytest.raises(ValueError, match="cache is full"):
+        layer.step(_u((1, 8)))
+
+
+def test_attention_step_past_max_len_under_jit_is_nan():
+    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, max_len=3)
+    step = nnx.jit(lambda layer, u: layer.step(u))
+    layer.init_cache(2)
+    outs = [step(layer, _u((2, 8), seed=t)) for t in range(4)]
+    assert all(jnp.isfinite(o).all() for o in outs[:3])
+    assert jnp.isnan(outs[3]).all()
+
+
+def test_hybrid_alternates_and_restarts_per_model():
+    make_h3 = lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4, state_size=4)
+    make_attn = lambda H, rngs: CausalSelfAttention(H, rngs=rngs, n_heads=2, max_len=16)
+    factory = hybrid(make_h3, make_attn)
+    kinds = lambda m: [type(b.seq).__name__ for b in m.layers]
+    build = lambda: StackedModel(factory, 5, 8, 3, rngs=nnx.Rngs(0), vocab_size=5,
+                                 classification=False)
+    first, second = build(), build()   # an odd layer count must not shift the cycle
+    assert kinds(first) == kinds(second) == ["H3Layer", "CausalSelfAttention", "H3Layer"]
+    with pytest.raises(ValueError, match="at least one"):
+        hybrid()
+    with pytest.raises(TypeError, match="callables"):
+        hybrid(make_h3, 3)
