@@ -3,11 +3,17 @@
 1. Forward and forward+backward time of one layer at d_model 256, batch 1, for
    L = 256 ... 16384 (``--quick``: 256 ... 2048), and the peak memory of the
    compiled program (XLA's own accounting of arguments, outputs and
-   temporaries). Prints the crossover length and the ratio at the longest L.
+   temporaries). Prints the crossover lengths (the first L from which H3
+   stays faster, or smaller, at every longer L measured) and the attention/H3
+   ratios of time and memory at the longest L. The measuring function is
+   `annotated_s4.timing.layer_scaling`, which chapter 7 calls at small sizes.
 2. Generation throughput (tokens/s) of a 2-layer model in RNN mode: H3's
    fixed-size state vs attention with a key-value cache, after prompts of 512,
    1024 and 1536 tokens, generating 128 tokens (the setting of Table 7 of the
    H3 paper, scaled down: batch 8, d_model 256; ``--quick``: 32 tokens).
+   Only the generation of new tokens is timed: the prompt is fed first
+   (prefill, in RNN mode) and excluded. Median of several runs after a
+   warm-up run that compiles.
 
 Writes benchmarks/results/h3.json and h3_scaling.png. Timings on a shared CPU
 are noisy; compare ratios, not absolute numbers.
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import statistics
 import time
 
 import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
@@ -30,19 +37,9 @@ from flax import nnx
 
 from annotated_s4.h3 import CausalSelfAttention, H3Layer
 from annotated_s4.layers import StackedModel
-from annotated_s4.timing import time_fn
+from annotated_s4.timing import crossover, layer_scaling
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-
-
-def peak_bytes(fn, *args):
-    """Arguments + outputs + temporaries of the compiled program, in bytes."""
-    try:
-        stats = jax.jit(fn).lower(*args).compile().memory_analysis()
-        return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
-                   + stats.temp_size_in_bytes)
-    except Exception:  # memory_analysis is not available on every backend
-        return None
 
 
 def make_layers(d_model, max_len, head_dim, n_heads):
@@ -52,36 +49,12 @@ def make_layers(d_model, max_len, head_dim, n_heads):
 
 
 def layer_sweep(lengths, d_model, head_dim, n_heads, repeats):
-    rows = []
     layers = make_layers(d_model, max(lengths), head_dim, n_heads)
-    for L in lengths:
-        u = jax.random.normal(jax.random.PRNGKey(0), (1, L, d_model))
-        for name, layer in layers.items():
-            graph, state = nnx.split(layer)
-
-            def fwd(state, u, graph=graph):
-                return nnx.merge(graph, state)(u)
-
-            def fwd_bwd(state, u, graph=graph):
-                return jax.grad(lambda s, u: fwd(s, u).sum(), argnums=(0, 1))(state, u)
-
-            f, fb = jax.jit(fwd), jax.jit(fwd_bwd)
-            row = {
-                "layer": name, "L": L,
-                "forward_s": time_fn(f, state, u, repeats=repeats),
-                "forward_backward_s": time_fn(fb, state, u, repeats=repeats),
-                "forward_peak_bytes": peak_bytes(fwd, state, u),
-                "forward_backward_peak_bytes": peak_bytes(fwd_bwd, state, u),
-            }
-            rows.append(row)
-            print(f"  L={L:6d} {name:10s} fwd {row['forward_s'] * 1e3:9.2f} ms  "
-                  f"fwd+bwd {row['forward_backward_s'] * 1e3:9.2f} ms  "
-                  f"peak {(row['forward_backward_peak_bytes'] or 0) / 2**20:9.1f} MiB",
-                  flush=True)
-    return rows
+    return layer_scaling(layers, lengths, d_model, repeats=repeats,
+                         log=lambda line: print(line, flush=True))
 
 
-def generation(prompts, n_new, d_model, batch, head_dim, n_heads):
+def generation(prompts, n_new, d_model, batch, head_dim, n_heads, repeats):
     rows = []
     vocab = 64
     for name in ("H3", "attention"):
@@ -120,29 +93,20 @@ def generation(prompts, n_new, d_model, batch, head_dim, n_heads):
                                        length=n_new)((model, tok), None)
                 return out
 
-            model.init_cache(batch)
-            tok = prefill(model, prompt).astype(jnp.int32)
-            jax.block_until_ready(decode(model, tok))   # compile
-            model.init_cache(batch)
-            tok = prefill(model, prompt).astype(jnp.int32)
-            jax.block_until_ready(tok)
-            start = time.perf_counter()
-            jax.block_until_ready(decode(model, tok))
-            seconds = time.perf_counter() - start
+            times = []
+            for run in range(repeats + 1):              # run 0 compiles: not counted
+                model.init_cache(batch)
+                tok = jax.block_until_ready(prefill(model, prompt).astype(jnp.int32))
+                start = time.perf_counter()             # prefill excluded
+                jax.block_until_ready(decode(model, tok))
+                if run:
+                    times.append(time.perf_counter() - start)
+            seconds = statistics.median(times)
             rows.append({"layer": name, "prompt": P, "new_tokens": n_new, "batch": batch,
+                         "repeats": repeats, "decode_s": seconds,
                          "tokens_per_s": batch * n_new / seconds})
             print(f"  prompt {P:5d} {name:10s} {batch * n_new / seconds:10.0f} tokens/s", flush=True)
     return rows
-
-
-def crossover(rows, key):
-    by = {}
-    for r in rows:
-        by.setdefault(r["L"], {})[r["layer"]] = r[key]
-    for L in sorted(by):
-        if by[L]["H3"] < by[L]["attention"]:
-            return L
-    return None
 
 
 def main(argv=None):
@@ -155,10 +119,11 @@ def main(argv=None):
     else:
         lengths, repeats, prompts, n_new, batch = (
             [256, 512, 1024, 2048, 4096, 8192, 16384], 3, [512, 1024, 1536], 128, 8)
+    gen_repeats = 3
     print(f"backend {jax.default_backend()}; d_model {d_model}, H3 head_dim {head_dim}, "
           f"attention heads {n_heads}, batch 1 (few heads: at L = 16384 one head's scores take 1 GiB)")
     rows = layer_sweep(lengths, d_model, head_dim, n_heads, repeats)
-    gen = generation(prompts, n_new, d_model, batch, head_dim, n_heads)
+    gen = generation(prompts, n_new, d_model, batch, head_dim, n_heads, gen_repeats)
 
     print("\n     L   H3 fwd (ms)  attn fwd (ms)  attn/H3   H3 f+b (ms)  attn f+b (ms)  attn/H3")
     table = {}
@@ -177,8 +142,20 @@ def main(argv=None):
         "ratio_forward_at_Lmax": table[Lmax]["attention"]["forward_s"] / table[Lmax]["H3"]["forward_s"],
         "ratio_forward_backward_at_Lmax": (table[Lmax]["attention"]["forward_backward_s"]
                                            / table[Lmax]["H3"]["forward_backward_s"]),
+        "crossover_forward_backward_memory_L": crossover(rows, "forward_backward_peak_bytes"),
+        "memory_ratio_forward_backward_at_Lmax": (
+            table[Lmax]["attention"]["forward_backward_peak_bytes"]
+            / table[Lmax]["H3"]["forward_backward_peak_bytes"]
+            if table[Lmax]["H3"].get("forward_backward_peak_bytes") else None),
+        "peak_GiB_forward_backward_at_Lmax": {
+            name: (table[Lmax][name]["forward_backward_peak_bytes"] or 0) / 2**30
+            for name in ("H3", "attention")},
         "L_max": Lmax,
+        "generation_tokens_per_s": {
+            str(r["prompt"]): {} for r in gen},
     }
+    for r in gen:
+        summary["generation_tokens_per_s"][str(r["prompt"])][r["layer"]] = r["tokens_per_s"]
     print("\nprompt   H3 tokens/s   attention tokens/s   H3/attention")
     for P in prompts:
         h = next(r for r in gen if r["layer"] == "H3" and r["prompt"] == P)

@@ -1,0 +1,43 @@
+"""Tests for annotated_s4.timing: the shared timing helpers."""
+
+import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
+import pytest
+from flax import nnx
+
+from annotated_s4.h3 import CausalSelfAttention, H3Layer
+from annotated_s4.timing import crossover, layer_scaling, time_fn
+
+
+def _rows(values, key="forward_s"):
+    return [{"layer": name, "L": L, key: v}
+            for L, pair in values.items() for name, v in zip(("H3", "attention"), pair)]
+
+
+def test_crossover_is_first_length_from_which_h3_stays_faster():
+    # H3 faster at 256 by noise, slower at 512, faster from 1024 on
+    rows = _rows({256: (1.0, 2.0), 512: (3.0, 2.0), 1024: (1.0, 4.0), 2048: (2.0, 9.0)})
+    assert crossover(rows, "forward_s") == 1024
+    assert crossover(_rows({256: (1.0, 2.0), 512: (3.0, 2.0)}), "forward_s") is None
+    assert crossover(_rows({256: (1.0, 2.0)}, "b"), "b") == 256
+
+
+def test_layer_scaling_rows():
+    layers = {"H3": H3Layer(8, rngs=nnx.Rngs(0), head_dim=4, state_size=4),
+              "attention": CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, max_len=32)}
+    rows = layer_scaling(layers, [16, 32], 8, repeats=1, backward=True, memory=True)
+    assert [(r["layer"], r["L"]) for r in rows] == [
+        ("H3", 16), ("attention", 16), ("H3", 32), ("attention", 32)]
+    for r in rows:
+        assert r["forward_s"] > 0 and r["forward_backward_s"] > 0
+        assert r["forward_peak_bytes"] is None or r["forward_peak_bytes"] > 0
+    rows = layer_scaling(layers, [16], 8, repeats=1, backward=False, memory=False)
+    assert set(rows[0]) == {"layer", "L", "forward_s"}
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="repeats"):
+        time_fn(lambda: 0, repeats=0)
+    with pytest.raises(ValueError, match="lengths"):
+        layer_scaling({"x": None}, [0], 8)
+    with pytest.raises(ValueError, match="at least one layer"):
+        layer_scaling({}, [16], 8)
