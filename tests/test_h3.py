@@ -9,8 +9,10 @@ from flax import nnx
 
 from annotated_s4.h3 import (
     CausalSelfAttention, DiagonalSSM, H3Layer, LastTokenModel, ShiftSSM,
-    fft_conv, hybrid, shift_kernel, shift_matrix,
+    causal_conv, fft_conv, hybrid, shift_kernel, shift_matrix, toeplitz_conv,
 )
+from annotated_s4 import h3
+from annotated_s4.layers import causal_convolution_batched
 from annotated_s4.layers import StackedModel
 
 
@@ -106,12 +108,32 @@ def test_attention_is_causal():
     assert not jnp.allclose(y1[:, 6:], y2[:, 6:], atol=1e-3)
 
 
-def test_fft_conv_shares_kernel():
+@pytest.mark.parametrize("conv", [fft_conv, toeplitz_conv, causal_conv])
+def test_convolutions_share_kernel(conv):
     u = _u((2, 10, 3, 4))
     K = _u((3, 1, 10), seed=1)
-    y = fft_conv(u, K, axis=1)
+    y = conv(u, K, axis=1)
     direct = jnp.stack([sum(K[:, :, s] * u[:, t - s] for s in range(t + 1)) for t in range(10)], 1)
     assert jnp.allclose(y, direct, atol=1e-4)
+    with pytest.raises(ValueError, match="length L"):
+        conv(u, K[..., :9], axis=1)
+
+
+def test_causal_conv_switches_to_fft_for_long_sequences(monkeypatch):
+    used = []
+    monkeypatch.setattr(h3, "fft_conv", lambda u, K, axis: used.append("fft") or u)
+    monkeypatch.setattr(h3, "toeplitz_conv", lambda u, K, axis: used.append("direct") or u)
+    for L in (h3.DIRECT_CONV_MAX_LEN, h3.DIRECT_CONV_MAX_LEN + 1):
+        h3.causal_conv(jnp.zeros((1, L, 2)), jnp.zeros((2, L)), axis=1)
+    assert used == ["direct", "fft"]
+
+
+@pytest.mark.parametrize("L", [3, 4, 12])  # shorter than, equal to, longer than N
+def test_shift_ssm_is_the_convolution_with_its_kernel(L):
+    layer = ShiftSSM(5, 4, rngs=nnx.Rngs(0))
+    u = _u((2, L, 5))
+    expected = causal_convolution_batched(u, layer.kernel(L))
+    assert jnp.allclose(layer(u), expected, atol=1e-5)
 
 
 def test_stacked_generation_equals_parallel():
