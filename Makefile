@@ -23,12 +23,17 @@ install: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) tools/notebooks.py
 
-# Unit tests, then every chapter re-executed by nbval; fails if a generated
-# notebook is stale.
+# Unit tests and every chapter re-executed by nbval, spread over TEST_WORKERS
+# processes (pytest-xdist; a notebook's cells stay together, in order); fails
+# if a generated notebook is stale. Each process allocates GPU memory as it
+# needs it, so that several can share one GPU.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(PY) tools/notebooks.py --check
-	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-cell-timeout=900 \
-		--durations=15 tests $(wildcard book/*.ipynb)
+	XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -p no:cacheprovider \
+		-n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 \
+		--durations=15 $(wildcard book/*.ipynb) tests
 
 unit: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -q tests

@@ -115,11 +115,16 @@ def main(argv=None):
         print(f"{L:>6} {1e3 * row['s4']:10.1f} {1e3 * row['s4d']:10.1f} {row['s4'] / row['s4d']:8.2f}")
         sys.stdout.flush()
 
-    gen_lengths = [32, 64, 128] if quick else [128, 256, 512, 1024]
-    print(f"\ngeneration, H = {H}, N = {N}, batch = {batch} (median s)")
+    # The CNN side runs a whole forward pass per output, O(L^2) in all: on a
+    # CPU, L = 1024 alone would take many minutes, so stop at 512 there.
+    cpu = out["backend"] == "cpu"
+    gen_lengths = ([32, 64, 128] if quick else
+                   [128, 256, 512] if cpu else [128, 256, 512, 1024])
+    gen_repeats = 1 if quick or cpu else 3
+    print(f"\ngeneration, H = {H}, N = {N}, batch = {batch} (median s of {gen_repeats})")
     out["generation"] = {"lengths": gen_lengths}
     for name, cls in [("s4", S4Layer), ("s4d", S4DLayer)]:
-        rows = [generation(cls, H, N, Lg, batch, repeats=1 if quick else 3) for Lg in gen_lengths]
+        rows = [generation(cls, H, N, Lg, batch, repeats=gen_repeats) for Lg in gen_lengths]
         out["generation"][name] = rows
         for Lg, row in zip(gen_lengths, rows):
             print(f"{name:>4} L = {Lg:5d}: RNN {row['rnn']:.3f} s, CNN on every prefix "
