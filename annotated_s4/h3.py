@@ -302,9 +302,10 @@ class H3Layer(nnx.Module):
     def chunk(self, u, state):
         """Run one chunk u (batch, T, H) from `state`; returns (y, new state).
 
-        Inside the chunk everything is a convolution (FFT). The past enters
-        through the state: the shift SSM sees the previous keys prepended, and
-        the diagonal SSM adds 2 Re C Lambda_bar^{t+1} x_prev to step t.
+        Inside the chunk everything is a convolution (`causal_conv`). The past
+        enters through the state: the shift SSM sees the previous keys
+        prepended, and the diagonal SSM adds 2 Re C Lambda_bar^{t+1} x_prev to
+        step t.
         """
         _check_input(u, self.H)
         self._check_state(state, u.shape[0])
