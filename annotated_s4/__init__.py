@@ -19,8 +19,10 @@ if "xla_cpu_enable_concurrency_optimized_scheduler" not in _os.environ.get("XLA_
 from .ssm import *  # noqa: F401,F403,E402
 from .hippo import *  # noqa: F401,F403,E402
 from .s4 import *  # noqa: F401,F403,E402
-from .toeplitz import *  # noqa: F401,F403,E402
 from .layers import *  # noqa: F401,F403,E402
+from .models import *  # noqa: F401,F403,E402
 from .h3 import *  # noqa: F401,F403,E402
+from .attention import *  # noqa: F401,F403,E402
+from .toeplitz import *  # noqa: F401,F403,E402
 
 __version__ = "0.1.0"

@@ -7,54 +7,41 @@ instead of a plain running sum:
 
     O = Q * SSM_diag(SSM_shift(K) * V)
 
-Every module here follows the layer contract of `annotated_s4.layers`
+Every module here follows the layer contract described in `models`
 (``layer(u)`` on (batch, L, H); ``init_cache`` / ``step`` for RNN mode), so
-`StackedModel` stacks them like any other layer. `CausalSelfAttention` is the
-softmax-attention baseline, with a key-value cache for generation.
+`StackedModel` stacks them like any other layer. The softmax-attention
+baseline is `attention.CausalSelfAttention`.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .layers import _check_input, _check_step_input, log_step_initializer
+from . import _checks as checks
+from .layers import log_step_initializer
+from .ssm import causal_convolution
 from .s4 import discretize_diagonal, kernel_diagonal
 
 __all__ = [
     "shift_matrix",
     "shift_kernel",
-    "fft_conv",
-    "toeplitz_conv",
     "causal_conv",
     "ShiftSSM",
     "DiagonalSSM",
     "H3Layer",
-    "CausalSelfAttention",
-    "LastTokenModel",
-    "hybrid",
 ]
 
 
 # --- The two SSMs as pure functions ------------------------------------------
 
 
-def _check_size(name, value):
-    """A positive Python or numpy integer (not a bool); returns it as an int."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
-
-
 def shift_matrix(N):
     """The N x N shift matrix: ones on the subdiagonal, so (A x)_n = x_{n-1}."""
-    N = _check_size("N", N)
+    N = checks.positive_int(N, "N")
     return jnp.eye(N, k=-1)
 
 
@@ -68,41 +55,10 @@ def shift_kernel(C, L):
     if C.ndim < 1:
         raise ValueError(f"C must have a trailing state axis of size N, got shape {C.shape}")
     N = C.shape[-1]
-    L = _check_size("L", L)
+    L = checks.positive_int(L, "L")
     if L >= N:
         return jnp.pad(C, [(0, 0)] * (C.ndim - 1) + [(0, L - N)])
     return C[..., :L]
-
-
-def fft_conv(u, K, axis=1):
-    """Causal convolution along `axis` of u with kernels K (..., L) by FFT.
-
-    K's leading axes broadcast against u with the time axis moved last; the
-    kernel is transformed once, however many channels share it (H3 shares one
-    diagonal-SSM kernel among the d_h x d_h entries of a head's memory).
-    """
-    L = u.shape[axis]
-    if K.shape[-1] != L:
-        raise ValueError(f"K must have length L = {L} on its last axis, got {K.shape}")
-    u = jnp.moveaxis(u, axis, -1)
-    y = jnp.fft.irfft(jnp.fft.rfft(u, n=2 * L) * jnp.fft.rfft(K, n=2 * L), n=2 * L)
-    return jnp.moveaxis(y[..., :L], -1, axis)
-
-
-def toeplitz_conv(u, K, axis=1):
-    """The same causal convolution as `fft_conv`, as a product with the
-    lower-triangular L x L Toeplitz matrix T[t, s] = K[t - s] (zero for s > t).
-
-    O(L^2) per channel instead of O(L log L), but one dense matrix product:
-    on a CPU it beats the FFT for the short sequences of the recall tasks.
-    """
-    L = u.shape[axis]
-    if K.shape[-1] != L:
-        raise ValueError(f"K must have length L = {L} on its last axis, got {K.shape}")
-    lag = jnp.arange(L)[:, None] - jnp.arange(L)[None, :]          # t - s
-    T = jnp.where(lag >= 0, K[..., jnp.clip(lag, 0, L - 1)], 0.0)   # (..., L, L)
-    y = jnp.matmul(T, jnp.moveaxis(u, axis, -1)[..., None])[..., 0]
-    return jnp.moveaxis(y, -1, axis)
 
 
 # Up to this length `causal_conv` multiplies by the Toeplitz matrix; beyond
@@ -112,10 +68,9 @@ DIRECT_CONV_MAX_LEN = 256
 
 
 def causal_conv(u, K, axis=1):
-    """Causal convolution of u with K along `axis`, by whichever of
-    `toeplitz_conv` (short sequences) and `fft_conv` (long ones) is faster."""
-    conv = toeplitz_conv if u.shape[axis] <= DIRECT_CONV_MAX_LEN else fft_conv
-    return conv(u, K, axis)
+    """`ssm.causal_convolution` of u with K along `axis`, by whichever of the
+    Toeplitz product (short sequences) and the FFT (long ones) is faster."""
+    return causal_convolution(u, K, axis, nofft=u.shape[axis] <= DIRECT_CONV_MAX_LEN)
 
 
 # --- Layers --------------------------------------------------------------------
@@ -130,7 +85,7 @@ class ShiftSSM(nnx.Module):
     """
 
     def __init__(self, H, N=4, *, rngs: nnx.Rngs):
-        H, N = _check_size("H", H), _check_size("N", N)
+        H, N = checks.positive_int(H, "H"), checks.positive_int(N, "N")
         self.H, self.N = H, N
         self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N)) / math.sqrt(N))
         self.cache = nnx.data(None)
@@ -141,7 +96,7 @@ class ShiftSSM(nnx.Module):
     def __call__(self, u):
         """The convolution with the N-tap kernel, as the sum it is:
         y_k = sum_{j<N} C_j u_{k-j} (with u_{k-j} = 0 before the start)."""
-        _check_input(u, self.H)
+        checks.sequence(u, self.H)
         L = u.shape[1]
         C = self.kernel(min(L, self.N))                       # (H, taps)
         padded = jnp.pad(u, ((0, 0), (C.shape[1] - 1, 0), (0, 0)))
@@ -152,7 +107,7 @@ class ShiftSSM(nnx.Module):
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N)))
 
     def step(self, u_t):
-        _check_step_input(u_t, self.H, self.cache)
+        checks.step_input(u_t, self.H, self.cache)
         # x_k = A x_{k-1} + B u_k: shift the window down, put u_k on top
         x = jnp.concatenate([u_t[..., None], self.cache[...][..., :-1]], axis=-1)
         self.cache[...] = x
@@ -187,7 +142,7 @@ class DiagonalSSM(nnx.Module):
     """
 
     def __init__(self, H, N=32, *, rngs: nnx.Rngs, dt_min=0.001, dt_max=0.1):
-        H, N = _check_size("H", H), _check_size("N", N)
+        H, N = checks.positive_int(H, "H"), checks.positive_int(N, "N")
         self.H, self.N = H, N
         re, im, C, log_step = _s4d_lin_init(rngs, H, N, dt_min, dt_max)
         self.log_Lambda_re = nnx.Param(jnp.log(-re))
@@ -217,7 +172,7 @@ class DiagonalSSM(nnx.Module):
         return Lambda_bar, B_bar, C
 
     def __call__(self, u):
-        _check_input(u, self.H)
+        checks.sequence(u, self.H)
         return causal_conv(u, self.kernel(u.shape[1]), axis=1) + self.D[...] * u
 
     def init_cache(self, batch_size):
@@ -227,7 +182,7 @@ class DiagonalSSM(nnx.Module):
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N), jnp.complex64))
 
     def step(self, u_t):
-        _check_step_input(u_t, self.H, self.cache)
+        checks.step_input(u_t, self.H, self.cache)
         x = self.Lambda_bar[...] * self.cache[...] + self.B_bar[...] * u_t[..., None]
         self.cache[...] = x
         y = 2 * jnp.einsum("hn,bhn->bh", self.C_rnn[...], x).real
@@ -253,9 +208,9 @@ class H3Layer(nnx.Module):
                  shift_size=4, L=None, dt_min=0.001, dt_max=0.1):
         # L is unused (the kernels are built for the input's length); it is
         # accepted because the training CLI passes L to every layer factory.
-        H, head_dim = _check_size("H", H), _check_size("head_dim", head_dim)
-        state_size = _check_size("state_size", state_size)
-        shift_size = _check_size("shift_size", shift_size)
+        H, head_dim = checks.positive_int(H, "H"), checks.positive_int(head_dim, "head_dim")
+        state_size = checks.positive_int(state_size, "state_size")
+        shift_size = checks.positive_int(shift_size, "shift_size")
         if H % head_dim:
             raise ValueError(f"head_dim must divide H, got H={H}, head_dim={head_dim}")
         self.H, self.head_dim, self.n_heads = H, head_dim, H // head_dim
@@ -278,7 +233,7 @@ class H3Layer(nnx.Module):
         return self._heads(q), self._heads(self.shift(k)), self._heads(v)
 
     def __call__(self, u):
-        _check_input(u, self.H)
+        checks.sequence(u, self.H)
         q, k, v = self.qkv(u)
         kv = k[..., :, None] * v[..., None, :]            # (b, L, heads, d_h, d_h)
         K = self.diag.kernel(u.shape[1])                  # (heads, L): one FFT each
@@ -307,7 +262,7 @@ class H3Layer(nnx.Module):
         prepended, and the diagonal SSM adds 2 Re C Lambda_bar^{t+1} x_prev to
         step t.
         """
-        _check_input(u, self.H)
+        checks.sequence(u, self.H)
         self._check_state(state, u.shape[0])
         k_prev, x_prev = state
         T, P = u.shape[1], k_prev.shape[1]
@@ -343,8 +298,8 @@ class H3Layer(nnx.Module):
 
     def chunked(self, u, chunk_size):
         """The layer on a long u, `chunk_size` steps at a time (state passing)."""
-        _check_input(u, self.H)
-        chunk_size = _check_size("chunk_size", chunk_size)
+        checks.sequence(u, self.H)
+        chunk_size = checks.positive_int(chunk_size, "chunk_size")
         if u.shape[1] % chunk_size:
             raise ValueError(
                 f"chunk_size must divide L = {u.shape[1]}, got {chunk_size}")
@@ -366,7 +321,7 @@ class H3Layer(nnx.Module):
 
     def step(self, u_t):
         """One token: shift state (last keys) + per head a d_h x d_h x N state."""
-        _check_step_input(u_t, self.H, self.cache)
+        checks.step_input(u_t, self.H, self.cache)
         q, v = self._heads(self.W_Q(u_t)), self._heads(self.W_V(u_t))
         k = self._heads(self.shift.step(self.W_K(u_t)))
         kv = k[..., :, None] * v[..., None, :]                        # (b, h, i, j)
@@ -377,129 +332,3 @@ class H3Layer(nnx.Module):
         y = y + self.diag.D[...][:, None, None] * kv
         o = jnp.einsum("bhi,bhij->bhj", q, y).reshape(u_t.shape)
         return self.W_O(o)
-
-
-# --- The attention baseline ----------------------------------------------------
-
-
-def _rotary(x, positions):
-    """Rotary position embedding of x (..., T, heads, d) at integer positions (T,)."""
-    d = x.shape[-1]
-    half = d // 2
-    freqs = 1.0 / (10000.0 ** (jnp.arange(half) / half))
-    angle = positions[:, None] * freqs[None, :]                    # (T, half)
-    cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]
-    x1, x2 = x[..., :half], x[..., half:2 * half]
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
-    return jnp.concatenate([rotated, x[..., 2 * half:]], axis=-1)
-
-
-class CausalSelfAttention(nnx.Module):
-    """Multi-head causal softmax attention with rotary positions (the baseline).
-
-    ``step`` decodes with a key-value cache of ``max_len`` positions: each new
-    token attends to all cached keys, so a step costs O(t H) and the cache
-    grows with t, where H3's state stays the same size. Sequences longer than
-    ``max_len`` are refused: ``__call__`` raises ValueError, and so does
-    ``step`` when its position is a concrete number; under ``jit`` (position
-    traced) a step past the cache returns NaN instead of overwriting a slot.
-    """
-
-    def __init__(self, H, *, rngs: nnx.Rngs, n_heads=4, max_len=2048):
-        H, n_heads = _check_size("H", H), _check_size("n_heads", n_heads)
-        max_len = _check_size("max_len", max_len)
-        if H % n_heads:
-            raise ValueError(f"n_heads must divide H, got H={H}, n_heads={n_heads}")
-        self.H, self.n_heads, self.head_dim, self.max_len = H, n_heads, H // n_heads, max_len
-        self.W_QKV = nnx.Linear(H, 3 * H, rngs=rngs)
-        self.W_O = nnx.Linear(H, H, rngs=rngs)
-        self.cache = nnx.data(None)
-
-    def _split(self, x):
-        q, k, v = jnp.split(self.W_QKV(x), 3, axis=-1)
-        shape = (*x.shape[:-1], self.n_heads, self.head_dim)
-        return q.reshape(shape), k.reshape(shape), v.reshape(shape)
-
-    def __call__(self, u):
-        _check_input(u, self.H)
-        L = u.shape[1]
-        if L > self.max_len:
-            raise ValueError(f"u has length {L}, more than max_len = {self.max_len}")
-        q, k, v = self._split(u)                                    # (b, L, h, d)
-        pos = jnp.arange(L)
-        q, k = _rotary(q, pos), _rotary(k, pos)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.head_dim)
-        mask = jnp.tril(jnp.ones((L, L), bool))
-        scores = jnp.where(mask, scores, -jnp.inf)
-        o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
-        return self.W_O(o.reshape(u.shape))
-
-    def init_cache(self, batch_size):
-        shape = (batch_size, self.max_len, self.n_heads, self.head_dim)
-        self.k_cache = nnx.Cache(jnp.zeros(shape))
-        self.v_cache = nnx.Cache(jnp.zeros(shape))
-        self.cache = nnx.Cache(jnp.zeros((), jnp.int32))             # next position
-
-    def step(self, u_t):
-        _check_step_input(u_t, self.H, self.cache)
-        t = self.cache[...]
-        if not isinstance(t, jax.core.Tracer) and int(t) >= self.max_len:
-            raise ValueError(f"the key-value cache is full: step {int(t)} needs "
-                             f"max_len > {int(t)}, got max_len = {self.max_len}")
-        q, k, v = self._split(u_t[:, None])                         # (b, 1, h, d)
-        q, k = _rotary(q, t[None]), _rotary(k, t[None])
-        self.k_cache[...] = jax.lax.dynamic_update_slice_in_dim(self.k_cache[...], k, t, axis=1)
-        self.v_cache[...] = jax.lax.dynamic_update_slice_in_dim(self.v_cache[...], v, t, axis=1)
-        self.cache[...] = t + 1
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, self.k_cache[...]) / math.sqrt(self.head_dim)
-        scores = jnp.where(jnp.arange(self.max_len) <= t, scores, -jnp.inf)
-        o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), self.v_cache[...])
-        out = self.W_O(o.reshape(u_t.shape))
-        # traced past the end: dynamic_update_slice clamped t, so the write
-        # above overwrote the last slot; make the result unmistakably wrong
-        return jnp.where(t < self.max_len, out, jnp.nan)
-
-
-# --- Reading a next-token model at the last position ---------------------------
-
-
-class LastTokenModel(nnx.Module):
-    """Wraps a next-step `StackedModel` (classification=False, vocab_size set)
-    to predict the token that follows x (batch, L): returns (batch, vocab)
-    log-probabilities, so `train.fit` treats it as a classifier whose label is
-    the answer of a recall task."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def __call__(self, x):
-        # StackedModel shifts its input right: output k sees x_0 .. x_{k-1}.
-        # Append a placeholder so that the last output sees all of x.
-        x = jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)
-        return self.model(x)[:, -1]
-
-
-def hybrid(*factories):
-    """A layer factory for `StackedModel` that cycles through `factories`:
-    ``hybrid(h3, attention)`` builds H3 in layer 0, attention in layer 1, and
-    so on. Each factory is called as ``factory(H, rngs=rngs)``.
-
-    `StackedModel` builds its layers one after another with one `nnx.Rngs`;
-    the position in the cycle restarts whenever the factory is called with a
-    different `rngs` object, so every model built with its own `rngs` starts
-    at ``factories[0]``, however many layers the previous one had. (Two models
-    built from the *same* `rngs` object continue one cycle.)"""
-    if not factories:
-        raise ValueError("hybrid needs at least one layer factory")
-    if not all(callable(f) for f in factories):
-        raise TypeError("hybrid's arguments must be layer factories (callables)")
-    last = {"rngs": None, "count": 0}   # holds rngs, so its identity stays unique
-
-    def make(H, *, rngs):
-        if rngs is not last["rngs"]:
-            last["rngs"], last["count"] = rngs, 0
-        layer = factories[last["count"] % len(factories)](H, rngs=rngs)
-        last["count"] += 1
-        return layer
-
-    return make

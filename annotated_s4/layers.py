@@ -1,18 +1,6 @@
-"""Flax NNX modules built on the pure math of `ssm`, `hippo` and `s4`.
-
-Every sequence layer in this package follows one small contract, so that the
-same `SequenceBlock` and `StackedModel` serve the Part I SSM, S4, S4D, H3 and
-attention:
-
-* ``layer(H, rngs=...)`` builds a layer for H feature channels (pass the other
-  arguments with ``functools.partial``);
-* ``layer(u)`` maps u of shape (batch, L, H) to (batch, L, H) in parallel
-  ("CNN mode", used for training);
-* ``layer.init_cache(batch_size)`` prepares recurrent decoding: it precomputes
-  whatever the recurrence needs and zeroes the state, held in ``nnx.Cache``
-  variables;
-* ``layer.step(u_t)`` maps one time step u_t of shape (batch, H) to (batch, H)
-  and advances the cached state ("RNN mode", used for generation).
+"""Flax NNX sequence layers built on the pure math of `ssm`, `hippo` and `s4`:
+the Part I SSM layer, S4 and S4D. Each follows the layer contract described
+in `models` (CNN mode ``layer(u)``, RNN mode ``init_cache`` then ``step``).
 """
 
 from __future__ import annotations
@@ -21,21 +9,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from . import _checks as checks
 from .hippo import make_DPLR_HiPPO
 from .s4 import (discrete_DPLR, discretize_diagonal, kernel_DPLR, kernel_diagonal,
                  s4d_inv_init, s4d_lin_init)
-from .ssm import K_conv, discretize
-from .toeplitz import SSMDecoder, etsc, etsc_kernel
+from .ssm import K_conv, causal_convolution, discretize
 
 __all__ = [
     "log_step_initializer",
-    "causal_convolution_batched",
     "SSMLayer",
-    "SequenceBlock",
-    "StackedModel",
     "S4Layer",
     "S4DLayer",
-    "ToeplitzLayer",
 ]
 
 
@@ -44,35 +28,6 @@ def log_step_initializer(rng, shape, dt_min=0.001, dt_max=0.1):
     return jax.random.uniform(rng, shape) * (
         jnp.log(dt_max) - jnp.log(dt_min)
     ) + jnp.log(dt_min)
-
-
-def causal_convolution_batched(u, K):
-    """Causal convolution of u (batch, L, H) with one kernel per channel, K (H, L).
-
-    The same zero-padded FFT as `ssm.causal_convolution`, done for all
-    channels and batch elements at once: one FFT of the kernel, shared by the
-    whole batch.
-    """
-    if u.ndim != 3:
-        raise ValueError(f"u must have shape (batch, L, H), got {u.shape}")
-    L, H = u.shape[1], u.shape[2]
-    if K.shape != (H, L):
-        raise ValueError(f"K must have shape (H, L) = ({H}, {L}), got {K.shape}")
-    ud = jnp.fft.rfft(u, n=2 * L, axis=1)
-    Kd = jnp.fft.rfft(K.T, n=2 * L, axis=0)
-    return jnp.fft.irfft(ud * Kd[None], n=2 * L, axis=1)[:, :L]
-
-
-def _check_input(u, H, name="u"):
-    if u.ndim != 3 or u.shape[-1] != H:
-        raise ValueError(f"{name} must have shape (batch, L, {H}), got {u.shape}")
-
-
-def _check_step_input(u, H, cache):
-    if cache is None:
-        raise ValueError("call init_cache(batch_size) before step()")
-    if u.ndim != 2 or u.shape[-1] != H:
-        raise ValueError(f"u_t must have shape (batch, {H}), got {u.shape}")
 
 
 class SSMLayer(nnx.Module):
@@ -107,9 +62,9 @@ class SSMLayer(nnx.Module):
         return jax.vmap(K_conv, in_axes=(0, 0, 0, None))(*self.discrete(), L)
 
     def __call__(self, u):
-        _check_input(u, self.H)
+        checks.sequence(u, self.H)
         K = self.kernel(u.shape[1])
-        return causal_convolution_batched(u, K) + self.D[...] * u
+        return causal_convolution(u, K, axis=1) + self.D[...] * u
 
     def init_cache(self, batch_size):
         Ab, Bb, Cb = self.discrete()
@@ -117,141 +72,12 @@ class SSMLayer(nnx.Module):
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N)))
 
     def step(self, u_t):
-        _check_step_input(u_t, self.H, self.cache)
+        checks.step_input(u_t, self.H, self.cache)
         x = jnp.einsum("hnm,bhm->bhn", self.Ab[...], self.cache[...])
         x = x + self.Bb[...] * u_t[..., None]
         self.cache[...] = x
         y = jnp.einsum("hn,bhn->bh", self.Cb[...], x)
         return y + self.D[...] * u_t
-
-
-class SequenceBlock(nnx.Module):
-    """Pre-norm residual block: norm -> sequence layer -> GELU -> GLU -> residual.
-
-    Each of the H channels is mixed only in the position-wise GLU; the sequence
-    layer mixes only along time.
-    """
-
-    def __init__(self, layer, d_model, *, rngs: nnx.Rngs, dropout=0.0,
-                 prenorm=True, glu=True):
-        self.seq = layer(d_model, rngs=rngs)
-        self.norm = nnx.LayerNorm(d_model, rngs=rngs)
-        self.out = nnx.Linear(d_model, d_model, rngs=rngs)
-        self.out2 = nnx.Linear(d_model, d_model, rngs=rngs) if glu else None
-        self.drop = nnx.Dropout(dropout, rngs=rngs)
-        self.prenorm, self.glu = prenorm, glu
-
-    def _mix(self, x):
-        x = self.drop(jax.nn.gelu(x))
-        if self.glu:
-            x = self.out(x) * jax.nn.sigmoid(self.out2(x))
-        else:
-            x = self.out(x)
-        return self.drop(x)
-
-    def __call__(self, x):
-        skip = x
-        if self.prenorm:
-            x = self.norm(x)
-        x = skip + self._mix(self.seq(x))
-        return x if self.prenorm else self.norm(x)
-
-    def step(self, x_t):
-        skip = x_t
-        if self.prenorm:
-            x_t = self.norm(x_t)
-        x_t = skip + self._mix(self.seq.step(x_t))
-        return x_t if self.prenorm else self.norm(x_t)
-
-    def init_cache(self, batch_size):
-        self.seq.init_cache(batch_size)
-
-
-class StackedModel(nnx.Module):
-    """Encoder -> n_layers SequenceBlocks -> decoder.
-
-    * ``classification=True``: inputs (batch, L, d_input) floats (or (batch, L)
-      tokens), outputs log-probabilities (batch, d_output) after mean pooling.
-    * ``classification=False``: next-step prediction. The input is shifted one
-      step right, so output k sees inputs 0..k-1 only; outputs
-      (batch, L, d_output) log-probabilities of input k.
-    * ``vocab_size``: if given, inputs are integer tokens and the encoder is an
-      embedding; a start token (index vocab_size) fills the shifted-in slot.
-      Otherwise the encoder is dense from d_input features and zero is shifted in.
-    """
-
-    def __init__(self, layer, d_output, d_model, n_layers, *, rngs: nnx.Rngs,
-                 d_input=1, vocab_size=None, classification=True, dropout=0.0,
-                 prenorm=True, glu=True):
-        if n_layers < 1:
-            raise ValueError(f"n_layers must be at least 1, got {n_layers}")
-        self.vocab_size = vocab_size
-        self.classification = classification
-        if vocab_size is not None:
-            self.encoder = nnx.Embed(vocab_size + 1, d_model, rngs=rngs)
-        else:
-            self.encoder = nnx.Linear(d_input, d_model, rngs=rngs)
-        self.layers = nnx.List([
-            SequenceBlock(layer, d_model, rngs=rngs, dropout=dropout,
-                          prenorm=prenorm, glu=glu)
-            for _ in range(n_layers)
-        ])
-        self.norm = nnx.LayerNorm(d_model, rngs=rngs) if prenorm else None
-        self.decoder = nnx.Linear(d_model, d_output, rngs=rngs)
-
-    @property
-    def start_token(self):
-        return self.vocab_size
-
-    def _check_tokens(self, x, ndim):
-        if self.vocab_size is not None:
-            if x.ndim != ndim or not jnp.issubdtype(x.dtype, jnp.integer):
-                raise TypeError(
-                    f"expected integer tokens with {ndim} dims, got {x.dtype} {x.shape}"
-                )
-        elif x.ndim != ndim + 1:
-            raise ValueError(
-                f"expected float inputs with {ndim + 1} dims (..., d_input), got {x.shape}"
-            )
-
-    def _shift_right(self, x):
-        if self.vocab_size is not None:
-            start = jnp.full_like(x[:, :1], self.start_token)
-            return jnp.concatenate([start, x[:, :-1]], axis=1)
-        return jnp.pad(x[:, :-1], ((0, 0), (1, 0), (0, 0)))
-
-    def _head(self, x):
-        if self.norm is not None:
-            x = self.norm(x)
-        return jax.nn.log_softmax(self.decoder(x), axis=-1)
-
-    def __call__(self, x):
-        self._check_tokens(x, 2)
-        if not self.classification:
-            x = self._shift_right(x)
-        x = self.encoder(x)
-        for block in self.layers:
-            x = block(x)
-        if self.classification:
-            x = x.mean(axis=1)
-        return self._head(x)
-
-    def init_cache(self, batch_size):
-        """Prepare RNN mode for `batch_size` sequences (generation models only)."""
-        if self.classification:
-            raise ValueError("RNN mode is for next-step models (classification=False)")
-        for block in self.layers:
-            block.init_cache(batch_size)
-
-    def step(self, x_prev):
-        """One RNN step: x_prev, the previous input (the start token or zeros
-        at t = 0), of shape (batch,) tokens or (batch, d_input); returns the
-        log-probabilities of the next input, (batch, d_output)."""
-        self._check_tokens(x_prev, 1)
-        x = self.encoder(x_prev)
-        for block in self.layers:
-            x = block.step(x)
-        return self._head(x)
 
 
 # --------------------------------------------------------------------------
@@ -271,11 +97,6 @@ def _as_pair(z, dtype=None):
     """A complex array stored as a (..., 2) float array (real, imag)."""
     z = jnp.asarray(z)
     return jnp.stack([z.real, z.imag], axis=-1).astype(dtype or _float_dtype())
-
-
-def _check_length_le(u, L):
-    if u.shape[1] > L:
-        raise ValueError(f"u has length {u.shape[1]}, more than the layer's L = {L}")
 
 
 class S4Layer(nnx.Module):
@@ -334,10 +155,9 @@ class S4Layer(nnx.Module):
         return K[:, :L]
 
     def __call__(self, u):
-        _check_input(u, self.H)
-        _check_length_le(u, self.L)
+        checks.max_length(checks.sequence(u, self.H), self.L)
         K = self.kernel(u.shape[1])
-        return causal_convolution_batched(u, K) + self.D[...] * u
+        return causal_convolution(u, K, axis=1) + self.D[...] * u
 
     def init_cache(self, batch_size):
         Lambda, P, B, C, step = self.ssm_params()
@@ -348,7 +168,7 @@ class S4Layer(nnx.Module):
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N), Ab.dtype))
 
     def step(self, u_t):
-        _check_step_input(u_t, self.H, self.cache)
+        checks.step_input(u_t, self.H, self.cache)
         x = jnp.einsum("hnm,bhm->bhn", self.Ab[...], self.cache[...])
         x = x + self.Bb[...] * u_t[..., None]
         self.cache[...] = x
@@ -400,10 +220,9 @@ class S4DLayer(nnx.Module):
         )
 
     def __call__(self, u):
-        _check_input(u, self.H)
-        _check_length_le(u, self.L)
+        checks.max_length(checks.sequence(u, self.H), self.L)
         K = self.kernel(u.shape[1])
-        return causal_convolution_batched(u, K) + self.D[...] * u
+        return causal_convolution(u, K, axis=1) + self.D[...] * u
 
     def init_cache(self, batch_size):
         Lambda, B, C, step = self.ssm_params()
@@ -414,78 +233,8 @@ class S4DLayer(nnx.Module):
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), Lambda_bar.dtype))
 
     def step(self, u_t):
-        _check_step_input(u_t, self.H, self.cache)
+        checks.step_input(u_t, self.H, self.cache)
         x = self.Lambda_bar[...] * self.cache[...] + self.B_bar[...] * u_t[..., None]
         self.cache[...] = x
         y = jnp.einsum("hn,bhn->bh", self.C2[...], x).real
-        return y + self.D[...] * u_t
-
-
-class ToeplitzLayer(nnx.Module):
-    """A TNN-style long convolution with an explicit learned kernel (ETSC chapter).
-
-    Each of the H channels has its own kernel t of length L (a parameter, shape
-    (H, L)) and a skip D: y = T u + D u, with t zero beyond lag L-1. CNN mode is
-    the batched FFT convolution; RNN mode keeps a cache of the last L inputs
-    (O(L H) per token).
-
-    ``to_ssm(h)`` converts the kernel, zero-padded to length h, with ETSC into a
-    diagonal SSM with h states per channel. From then on the layer IS that SSM:
-    CNN mode uses its kernel (equal to t up to lag h, periodic with period h+1
-    beyond), and RNN mode runs `toeplitz.SSMDecoder`'s exact-phase recurrence
-    (mapped over the batch): O(h H) per token whatever the position, and, like
-    the kernel, exact up to lag h and periodic beyond.
-    """
-
-    def __init__(self, H, L, *, rngs: nnx.Rngs, decay=None):
-        if H < 1 or L < 1:
-            raise ValueError(f"H and L must be positive, got H={H}, L={L}")
-        self.H, self.L = H, L
-        decay = L / 8 if decay is None else decay
-        envelope = jnp.exp(-jnp.arange(L) / decay)  # favour recent lags at init
-        self.t = nnx.Param(0.5 * jax.random.normal(rngs.params(), (H, L)) * envelope)
-        self.D = nnx.Param(jnp.ones((H,)))
-        self.ssm_b = nnx.data(None)  # (h, H) complex once converted by to_ssm
-        self.cache = nnx.data(None)
-
-    def to_ssm(self, h=None):
-        """Replace the kernel by its exact ETSC diagonal SSM with h >= L states."""
-        h = self.L if h is None else h
-        if h < self.L:
-            raise ValueError(f"h must be at least the kernel length {self.L}, got {h}")
-        t = jnp.pad(self.t[...].T, ((0, h - self.L), (0, 0)))  # (h, H)
-        self.ssm_b = nnx.Cache(etsc(t)[1])
-        return self
-
-    def kernel(self, L):
-        """The kernel actually applied to a length-L input, shape (H, L)."""
-        if self.ssm_b is not None:
-            return etsc_kernel(self.ssm_b[...], L).T
-        t = self.t[...]
-        return t[:, :L] if L <= self.L else jnp.pad(t, ((0, 0), (0, L - self.L)))
-
-    def __call__(self, u):
-        _check_input(u, self.H)
-        return causal_convolution_batched(u, self.kernel(u.shape[1])) + self.D[...] * u
-
-    def init_cache(self, batch_size):
-        if self.ssm_b is None:  # cache of the last L inputs, oldest first
-            self.cache = nnx.Cache(jnp.zeros((batch_size, self.L, self.H)))
-            return
-        z, p = SSMDecoder.from_etsc(self.ssm_b[...]).init()  # (h, H), (h,)
-        self.phase = nnx.Cache(p)  # p_k = ik mod (h+1), shared by the batch
-        self.cache = nnx.Cache(jnp.broadcast_to(z, (batch_size,) + z.shape))
-
-    def step(self, u_t):
-        _check_step_input(u_t, self.H, self.cache)
-        if self.ssm_b is None:
-            buf = jnp.concatenate([self.cache[...][:, 1:], u_t[:, None]], axis=1)
-            self.cache[...] = buf
-            y = jnp.einsum("blh,hl->bh", buf, self.t[...][:, ::-1])
-            return y + self.D[...] * u_t
-        # the exact-phase recurrence of toeplitz.SSMDecoder, mapped over the batch
-        dec = SSMDecoder.from_etsc(self.ssm_b[...])
-        (z, p), y = jax.vmap(dec.step, in_axes=((0, None), 0), out_axes=((0, None), 0))(
-            (self.cache[...], self.phase[...]), u_t)
-        self.cache[...], self.phase[...] = z, p
         return y + self.D[...] * u_t

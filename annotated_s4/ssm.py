@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _checks as checks
+
 __all__ = [
     "random_SSM",
     "discretize",
@@ -126,28 +128,26 @@ def K_conv(Ab, Bb, Cb, L):
     return jax.lax.scan(power, Bb, None, length=L)[1]
 
 
-def causal_convolution(u, K, nofft=False):
-    """y_k = sum_{j<=k} K_j u_{k-j}, for u and K of shape (L,).
+def causal_convolution(u, K, axis=0, nofft=False):
+    """y_k = sum_{j<=k} K_j u_{k-j} along `axis` of u, for every channel at once.
 
-    With nofft=True the sum is computed directly (O(L^2)); otherwise by FFT,
-    zero-padding both signals to 2L so that the circular convolution the FFT
-    computes equals the causal (linear) one on the first L outputs.
+    u has its time axis (length L) at `axis`; K (..., L) holds the kernels, its
+    leading axes broadcast against u's other axes (u (L,) and K (L,) for one
+    signal; u (batch, L, H) with axis=1 and K (H, L) for a layer). By FFT, both
+    signals zero-padded to 2L so that the circular convolution the FFT computes
+    equals the causal one on the first L outputs: O(L log L). With nofft=True,
+    a product with the lower-triangular Toeplitz matrix T[k, j] = K_{k-j}: O(L^2).
     """
-    u, K = jnp.asarray(u), jnp.asarray(K)
-    if u.ndim != 1:
-        raise ValueError(f"u must be 1-D of shape (L,), got {u.shape}")
-    if K.ndim != 1:
-        raise ValueError(f"K must be 1-D of shape (L,), got {K.shape}")
-    if u.shape[0] != K.shape[0]:
-        raise ValueError(
-            f"u and K must have the same length, got {u.shape[0]} and {K.shape[0]}"
-        )
+    u = jnp.moveaxis(checks.array(u, "u", kind="real"), axis, -1)
+    L = u.shape[-1]
+    K = checks.kernel(K, L)
     if nofft:
-        return jnp.convolve(u, K, mode="full")[: u.shape[0]]
-    L = u.shape[0]
-    ud = jnp.fft.rfft(u, n=2 * L)
-    Kd = jnp.fft.rfft(K, n=2 * L)
-    return jnp.fft.irfft(ud * Kd, n=2 * L)[:L]
+        lag = jnp.arange(L)[:, None] - jnp.arange(L)[None, :]          # k - j
+        T = jnp.where(lag >= 0, K[..., jnp.clip(lag, 0, L - 1)], 0.0)  # (..., L, L)
+        y = (T @ u[..., None])[..., 0]
+    else:
+        y = jnp.fft.irfft(jnp.fft.rfft(u, n=2 * L) * jnp.fft.rfft(K, n=2 * L), n=2 * L)[..., :L]
+    return jnp.moveaxis(y, -1, axis)
 
 
 # --------------------------------------------------------------------------

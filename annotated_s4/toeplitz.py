@@ -7,9 +7,11 @@ ETSC (Qin & Zhong, 2023) inverts that map in closed form: append
 ``t_n = -sum_i t_i`` (the inclusion equation) and take lambda to be the (n+1)-th
 roots of unity, so that the Vandermonde system becomes a DFT.
 
-Everything here is a pure function of arrays; the three decoders are small
-classes that hold arrays and expose one functional interface
-(``init() -> state``, ``step(state, x_t) -> (state, y_t)``, ``decode(x)``).
+The conversion and the kernels are pure functions of arrays; the three
+decoders are small classes that hold arrays and expose one functional
+interface (``init() -> state``, ``step(state, x_t) -> (state, y_t)``,
+``decode(x)``). `ToeplitzLayer` is a long-convolution layer (Flax NNX, the
+layer contract of `models`) that `to_ssm` turns into its ETSC diagonal SSM.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
+
+from . import _checks as checks
+from .ssm import causal_convolution
 
 __all__ = [
     "etsc",
@@ -31,6 +37,7 @@ __all__ = [
     "FFTDecoder",
     "CacheDecoder",
     "SSMDecoder",
+    "ToeplitzLayer",
 ]
 
 
@@ -347,7 +354,7 @@ class SSMDecoder(_Decoder):
     def from_etsc(cls, b):
         """The exact-phase decoder for ETSC coefficients b (h,) or (h, d), with
         lambd the ETSC grid itself. No value checks, so it can be built inside
-        jit (as `layers.ToeplitzLayer` does); `SSMDecoder(*etsc(t))` is the
+        jit (as `ToeplitzLayer` below does); `SSMDecoder(*etsc(t))` is the
         checked entry point."""
         self = cls.__new__(cls)
         h = b.shape[0]
@@ -385,3 +392,76 @@ class SSMDecoder(_Decoder):
         z = z + self.b * jnp.conj(w) * x_t[None, :]
         y = (w * z).real.sum(axis=0)
         return (z, (p + self.k) % (self.h + 1)), y
+
+
+# --------------------------------------------------------------------------
+# A Toeplitz neural network layer, convertible to an SSM
+# --------------------------------------------------------------------------
+class ToeplitzLayer(nnx.Module):
+    """A TNN-style long convolution with an explicit learned kernel (ETSC chapter).
+
+    Each of the H channels has its own kernel t of length L (a parameter, shape
+    (H, L)) and a skip D: y = T u + D u, with t zero beyond lag L-1. CNN mode is
+    the batched FFT convolution; RNN mode keeps a cache of the last L inputs
+    (O(L H) per token).
+
+    ``to_ssm(h)`` converts the kernel, zero-padded to length h, with ETSC into a
+    diagonal SSM with h states per channel. From then on the layer IS that SSM:
+    CNN mode uses its kernel (equal to t up to lag h, periodic with period h+1
+    beyond), and RNN mode runs `toeplitz.SSMDecoder`'s exact-phase recurrence
+    (mapped over the batch): O(h H) per token whatever the position, and, like
+    the kernel, exact up to lag h and periodic beyond.
+    """
+
+    def __init__(self, H, L, *, rngs: nnx.Rngs, decay=None):
+        if H < 1 or L < 1:
+            raise ValueError(f"H and L must be positive, got H={H}, L={L}")
+        self.H, self.L = H, L
+        decay = L / 8 if decay is None else decay
+        envelope = jnp.exp(-jnp.arange(L) / decay)  # favour recent lags at init
+        self.t = nnx.Param(0.5 * jax.random.normal(rngs.params(), (H, L)) * envelope)
+        self.D = nnx.Param(jnp.ones((H,)))
+        self.ssm_b = nnx.data(None)  # (h, H) complex once converted by to_ssm
+        self.cache = nnx.data(None)
+
+    def to_ssm(self, h=None):
+        """Replace the kernel by its exact ETSC diagonal SSM with h >= L states."""
+        h = self.L if h is None else h
+        if h < self.L:
+            raise ValueError(f"h must be at least the kernel length {self.L}, got {h}")
+        t = jnp.pad(self.t[...].T, ((0, h - self.L), (0, 0)))  # (h, H)
+        self.ssm_b = nnx.Cache(etsc(t)[1])
+        return self
+
+    def kernel(self, L):
+        """The kernel actually applied to a length-L input, shape (H, L)."""
+        if self.ssm_b is not None:
+            return etsc_kernel(self.ssm_b[...], L).T
+        t = self.t[...]
+        return t[:, :L] if L <= self.L else jnp.pad(t, ((0, 0), (0, L - self.L)))
+
+    def __call__(self, u):
+        checks.sequence(u, self.H)
+        return causal_convolution(u, self.kernel(u.shape[1]), axis=1) + self.D[...] * u
+
+    def init_cache(self, batch_size):
+        if self.ssm_b is None:  # cache of the last L inputs, oldest first
+            self.cache = nnx.Cache(jnp.zeros((batch_size, self.L, self.H)))
+            return
+        z, p = SSMDecoder.from_etsc(self.ssm_b[...]).init()  # (h, H), (h,)
+        self.phase = nnx.Cache(p)  # p_k = ik mod (h+1), shared by the batch
+        self.cache = nnx.Cache(jnp.broadcast_to(z, (batch_size,) + z.shape))
+
+    def step(self, u_t):
+        checks.step_input(u_t, self.H, self.cache)
+        if self.ssm_b is None:
+            buf = jnp.concatenate([self.cache[...][:, 1:], u_t[:, None]], axis=1)
+            self.cache[...] = buf
+            y = jnp.einsum("blh,hl->bh", buf, self.t[...][:, ::-1])
+            return y + self.D[...] * u_t
+        # the exact-phase recurrence of toeplitz.SSMDecoder, mapped over the batch
+        dec = SSMDecoder.from_etsc(self.ssm_b[...])
+        (z, p), y = jax.vmap(dec.step, in_axes=((0, None), 0), out_axes=((0, None), 0))(
+            (self.cache[...], self.phase[...]), u_t)
+        self.cache[...], self.phase[...] = z, p
+        return y + self.D[...] * u_t

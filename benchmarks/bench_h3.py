@@ -35,8 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from annotated_s4.h3 import CausalSelfAttention, H3Layer
-from annotated_s4.layers import StackedModel
+from annotated_s4 import CausalSelfAttention, H3Layer, StackedModel
 from annotated_s4.timing import crossover, layer_scaling
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"

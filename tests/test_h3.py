@@ -1,19 +1,19 @@
 """Tests for annotated_s4.h3: shift SSM, H3 (Algorithm 1), state passing, RNN mode."""
 
 import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from annotated_s4 import CausalSelfAttention, LastTokenModel, StackedModel, causal_convolution
 from annotated_s4.h3 import (
-    CausalSelfAttention, DiagonalSSM, H3Layer, LastTokenModel, ShiftSSM,
-    causal_conv, fft_conv, hybrid, shift_kernel, shift_matrix, toeplitz_conv,
+    DiagonalSSM, H3Layer, ShiftSSM, causal_conv, shift_kernel, shift_matrix,
 )
 from annotated_s4 import h3
-from annotated_s4.layers import causal_convolution_batched
-from annotated_s4.layers import StackedModel
 
 
 def _u(shape, seed=0):
@@ -108,6 +108,10 @@ def test_attention_is_causal():
     assert not jnp.allclose(y1[:, 6:], y2[:, 6:], atol=1e-3)
 
 
+fft_conv = functools.partial(causal_convolution, nofft=False)
+toeplitz_conv = functools.partial(causal_convolution, nofft=True)
+
+
 @pytest.mark.parametrize("conv", [fft_conv, toeplitz_conv, causal_conv])
 def test_convolutions_share_kernel(conv):
     u = _u((2, 10, 3, 4))
@@ -121,8 +125,8 @@ def test_convolutions_share_kernel(conv):
 
 def test_causal_conv_switches_to_fft_for_long_sequences(monkeypatch):
     used = []
-    monkeypatch.setattr(h3, "fft_conv", lambda u, K, axis: used.append("fft") or u)
-    monkeypatch.setattr(h3, "toeplitz_conv", lambda u, K, axis: used.append("direct") or u)
+    monkeypatch.setattr(h3, "causal_convolution", lambda u, K, axis, nofft:
+                        used.append("direct" if nofft else "fft") or u)
     for L in (h3.DIRECT_CONV_MAX_LEN, h3.DIRECT_CONV_MAX_LEN + 1):
         h3.causal_conv(jnp.zeros((1, L, 2)), jnp.zeros((2, L)), axis=1)
     assert used == ["direct", "fft"]
@@ -132,7 +136,7 @@ def test_causal_conv_switches_to_fft_for_long_sequences(monkeypatch):
 def test_shift_ssm_is_the_convolution_with_its_kernel(L):
     layer = ShiftSSM(5, 4, rngs=nnx.Rngs(0))
     u = _u((2, L, 5))
-    expected = causal_convolution_batched(u, layer.kernel(L))
+    expected = causal_convolution(u, layer.kernel(L), axis=1)
     assert jnp.allclose(layer(u), expected, atol=1e-5)
 
 
@@ -181,7 +185,7 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="H must be a positive int"):
         DiagonalSSM(0, 4, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="K must have length"):
-        fft_conv(jnp.zeros((1, 5, 2)), jnp.zeros((2, 4)))
+        fft_conv(jnp.zeros((1, 5, 2)), jnp.zeros((2, 4)), axis=1)
 
 
 def test_sizes_accept_numpy_integers():
@@ -268,13 +272,13 @@ def test_attention_step_past_max_len_under_jit_is_nan():
 def test_hybrid_alternates_and_restarts_per_model():
     make_h3 = lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4, state_size=4)
     make_attn = lambda H, rngs: CausalSelfAttention(H, rngs=rngs, n_heads=2, max_len=16)
-    factory = hybrid(make_h3, make_attn)
+    factory = [make_h3, make_attn]
     kinds = lambda m: [type(b.seq).__name__ for b in m.layers]
     build = lambda: StackedModel(factory, 5, 8, 3, rngs=nnx.Rngs(0), vocab_size=5,
                                  classification=False)
     first, second = build(), build()   # an odd layer count must not shift the cycle
     assert kinds(first) == kinds(second) == ["H3Layer", "CausalSelfAttention", "H3Layer"]
-    with pytest.raises(ValueError, match="at least one"):
-        hybrid()
-    with pytest.raises(TypeError, match="callables"):
-        hybrid(make_h3, 3)
+    with pytest.raises(TypeError, match="non-empty list"):
+        StackedModel([], 5, 8, 3, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="layer factory"):
+        StackedModel([make_h3, 3], 5, 8, 3, rngs=nnx.Rngs(0))

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from annotated_s4 import K_conv, SequenceBlock, SSMLayer, StackedModel, causal_convolution
-from annotated_s4.layers import causal_convolution_batched, log_step_initializer
+from annotated_s4.layers import log_step_initializer
 
 
 def test_log_step_initializer_range():
@@ -22,14 +22,14 @@ def test_log_step_initializer_range():
 def test_batched_convolution_matches_single():
     u = jax.random.normal(jax.random.PRNGKey(0), (3, 20, 4))
     K = jax.random.normal(jax.random.PRNGKey(1), (4, 20))
-    y = causal_convolution_batched(u, K)
+    y = causal_convolution(u, K, axis=1)
     for b in range(3):
         for h in range(4):
             np.testing.assert_allclose(y[b, :, h], causal_convolution(u[b, :, h], K[h]), atol=1e-4)
     with pytest.raises(ValueError, match="K"):
-        causal_convolution_batched(u, K[:, :10])
-    with pytest.raises(ValueError, match="u"):
-        causal_convolution_batched(u[0], K)
+        causal_convolution(u, K[:, :10], axis=1)
+    with pytest.raises(ValueError, match="axis"):
+        causal_convolution(u[0, :, 0], K, axis=1)
 
 
 def test_ssm_layer_kernel_is_K_conv():

@@ -8,7 +8,7 @@ from flax import nnx
 
 import annotated_s4  # noqa: F401  (sets the XLA flag first)
 from annotated_s4.hippo import make_DPLR_HiPPO
-from annotated_s4.layers import S4DLayer, S4Layer, StackedModel
+from annotated_s4 import S4DLayer, S4Layer, StackedModel
 
 H, N, L, BATCH = 3, 8, 32, 2
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4.layers import S4DLayer, S4Layer, SSMLayer, StackedModel
+from annotated_s4 import S4DLayer, S4Layer, SSMLayer, StackedModel
 from annotated_s4.sample import generate, generate_cnn, rnn_log_probs
 
 V, L = 5, 12

@@ -137,8 +137,8 @@ def test_causal_convolution_is_causal():
 def test_causal_convolution_bad_input():
     with pytest.raises(ValueError, match="same length"):
         causal_convolution(jnp.ones(10), jnp.ones(9))
-    with pytest.raises(ValueError, match="u"):
-        causal_convolution(jnp.ones((10, 1)), jnp.ones(10))
+    with pytest.raises(ValueError, match="u's time axis"):
+        causal_convolution(jnp.ones((10, 1)), jnp.ones(10), axis=1)
     with pytest.raises(ValueError, match="K"):
         causal_convolution(jnp.ones(10), jnp.ones((10, 1)))
 

@@ -4,7 +4,7 @@ import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
 import pytest
 from flax import nnx
 
-from annotated_s4.h3 import CausalSelfAttention, H3Layer
+from annotated_s4 import CausalSelfAttention, H3Layer
 from annotated_s4.timing import crossover, layer_scaling, time_fn
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4.layers import StackedModel, ToeplitzLayer
+from annotated_s4 import StackedModel, ToeplitzLayer
 from annotated_s4.s4 import kernel_diagonal
 from annotated_s4.toeplitz import (CacheDecoder, FFTDecoder, SSMDecoder, etsc, etsc_kernel,
                                    fit_toeplitz_gradient, ssm_to_toeplitz,

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from annotated_s4 import train
-from annotated_s4.layers import S4DLayer, SSMLayer, StackedModel
+from annotated_s4 import S4DLayer, SSMLayer, StackedModel
 
 TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model", "8",
         "--state-size", "4", "--batch-size", "16", "--lr", "1e-2", "--log-every", "100"]
@@ -210,7 +210,7 @@ def test_cli_trains_token_layers_on_recall_tasks(tmp_path, layer, dataset):
     model = result["model"]
     assert model(np.zeros((3, seq_len - 1), dtype=np.int32)).shape == (3, vocab)
     if layer == "hybrid":  # H3 in the first layer, attention in the second
-        from annotated_s4.h3 import CausalSelfAttention, H3Layer
+        from annotated_s4 import CausalSelfAttention, H3Layer
 
         kinds = [type(block.seq) for block in model.model.layers]
         assert kinds == [H3Layer, CausalSelfAttention]

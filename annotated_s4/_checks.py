@@ -1,0 +1,183 @@
+"""Argument checks, each written once, called in one line by the public functions.
+
+Every error names the argument and says what was expected. The exception
+type follows the kind of mistake:
+
+* ``TypeError``: the argument is the wrong kind of thing (a float where an
+  int is needed, an integer array where a float array is needed, ...);
+* ``ValueError``: the right kind of thing with a wrong value or shape.
+
+Shapes and dtypes are known while JAX traces a function, so those checks run
+under ``jit`` too. *Values* are not: a traced array has no numbers yet, so
+the value checks here (``positive``, ``finite``, ``in_range``, token ranges)
+check concrete arguments and let tracers through. They guard direct calls;
+a compiled function trusts its caller.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_KINDS = {
+    "float": (jnp.floating,),
+    "real": (jnp.floating, jnp.integer),
+    "complex": (jnp.complexfloating,),
+    "number": (jnp.floating, jnp.integer, jnp.complexfloating),
+    "int": (jnp.integer,),
+}
+
+
+def _traced(*xs):
+    return any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+# --------------------------------------------------------------------------
+# Python numbers
+# --------------------------------------------------------------------------
+def positive_int(value, name, *, minimum=1):
+    """`value` as an int, at least `minimum` (a bool is not an int here)."""
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        want = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {want}, got {value}")
+    return int(value)
+
+
+def even_int(value, name):
+    """A positive even int (N/2 conjugate pairs of modes)."""
+    value = positive_int(value, name)
+    if value % 2:
+        raise ValueError(f"{name} must be even, got {value}")
+    return value
+
+
+def number(value, name, *, low=-math.inf, high=math.inf, low_open=False, high_open=False):
+    """A real Python/numpy scalar in [low, high] (ends excluded where `*_open`)."""
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if math.isnan(value) or too_low or too_high:
+        raise ValueError(f"{name} must lie in {'(' if low_open else '['}{low}, {high}"
+                         f"{')' if high_open else ']'}, got {value}")
+    return value
+
+
+def choice(value, name, choices):
+    """One of `choices`."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return value
+
+
+def factories(layer, name):
+    """A layer factory, or a non-empty list/tuple of them; returns a list."""
+    fs = list(layer) if isinstance(layer, (list, tuple)) else [layer]
+    if not fs or not all(callable(f) for f in fs):
+        raise TypeError(f"{name} must be a layer factory or a non-empty list of them, "
+                        f"got {layer!r}")
+    return fs
+
+
+# --------------------------------------------------------------------------
+# Arrays: shape and dtype (run under jit too)
+# --------------------------------------------------------------------------
+def array(x, name, *, ndim=None, shape=None, kind="number"):
+    """`x` as a JAX array with the given number of dims, shape and dtype kind.
+
+    `ndim` is an int or a tuple of allowed ints; `shape` a tuple whose int
+    entries must match and whose str (or None) entries name a free size, e.g.
+    ("batch", "L", 8); `kind` one of float, real, complex, number, int.
+    """
+    x = jnp.asarray(x)
+    if not any(jnp.issubdtype(x.dtype, k) for k in _KINDS[kind]):
+        raise TypeError(f"{name} must be a {kind} array, got dtype {x.dtype}")
+    if ndim is not None and x.ndim not in ((ndim,) if isinstance(ndim, int) else ndim):
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {x.shape}")
+    if shape is not None and (x.ndim != len(shape) or any(
+            _is_int(s) and s != d for s, d in zip(shape, x.shape))):
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(f"{name} must have shape {want}, got {x.shape}")
+    return x
+
+
+def kernel(K, L, name="K"):
+    """Real convolution kernels K (..., L), one per channel, as long as the input."""
+    K = array(K, name, kind="real")
+    if K.ndim < 1 or K.shape[-1] != L:
+        raise ValueError(f"{name} must have length L = {L} on its last axis (the same "
+                         f"length as u's time axis), got shape {K.shape}")
+    return K
+
+
+def ssm(A, B, C):
+    """A continuous or discrete SSM: A (N, N), B (N, 1), C (1, N)."""
+    A = array(A, "A", ndim=2)
+    N = A.shape[0]
+    A = array(A, "A", shape=(N, N))
+    return A, array(B, "B", shape=(N, 1)), array(C, "C", shape=(1, N))
+
+
+def vectors(N, **named):
+    """Each named array is a vector of shape (N,); returns them in order."""
+    return [array(x, name, shape=(N,)) for name, x in named.items()]
+
+
+def sequence(u, H, name="u"):
+    """A layer's input in CNN mode: shape (batch, L, H), floating point."""
+    return array(u, name, shape=("batch", "L", H), kind="float")
+
+
+def step_input(u_t, H, cache, name="u_t"):
+    """A layer's input in RNN mode: (batch, H), after init_cache()."""
+    if cache is None:
+        raise ValueError("call init_cache(batch_size) before step()")
+    return array(u_t, name, shape=("batch", H), kind="float")
+
+
+def max_length(u, L, name="u"):
+    """u (batch, length, H) is no longer than the L the layer was built for."""
+    if u.shape[1] > L:
+        raise ValueError(f"{name} has length {u.shape[1]}, more than the layer's L = {L}")
+    return u
+
+
+def tokens(x, name, vocab_size, *, ndim=2):
+    """Integer tokens in [0, vocab_size) with `ndim` dims."""
+    x = array(x, name, ndim=ndim, kind="int")
+    if not _traced(x) and x.size and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
+        raise ValueError(f"{name} must hold tokens in [0, {vocab_size}), "
+                         f"got values in [{int(x.min())}, {int(x.max())}]")
+    return x
+
+
+# --------------------------------------------------------------------------
+# Values (concrete arguments only; tracers pass, see the module docstring)
+# --------------------------------------------------------------------------
+def positive(x, name):
+    """Every entry of a real scalar or array is > 0."""
+    if _traced(x):
+        return x
+    a = np.asarray(x)
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        raise TypeError(f"{name} must be a real number or array, got dtype {a.dtype}")
+    if not np.all(a > 0):
+        raise ValueError(f"{name} must be positive, got {x}")
+    return x
+
+
+def finite(x, name):
+    """No NaN or inf in x."""
+    if not _traced(x) and not bool(jnp.all(jnp.isfinite(jnp.asarray(x)))):
+        raise ValueError(f"{name} must be finite (no NaN or inf)")
+    return x

@@ -1,0 +1,175 @@
+"""Models built from sequence layers: the residual block, the stacked model,
+and a wrapper that reads a next-token model at its last position.
+
+Every sequence layer in the package (`layers`, `h3`, `attention`, and
+`toeplitz.ToeplitzLayer`) follows one contract, so these models serve them all:
+
+* ``layer(H, rngs=...)`` builds a layer for H feature channels (pass the other
+  arguments with ``functools.partial``);
+* ``layer(u)`` maps u of shape (batch, L, H) to (batch, L, H) in parallel
+  ("CNN mode", used for training);
+* ``layer.init_cache(batch_size)`` prepares recurrent decoding: it precomputes
+  whatever the recurrence needs and zeroes the state, held in ``nnx.Cache``
+  variables;
+* ``layer.step(u_t)`` maps one time step u_t of shape (batch, H) to (batch, H)
+  and advances the cached state ("RNN mode", used for generation).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from . import _checks as checks
+
+__all__ = ["SequenceBlock", "StackedModel", "LastTokenModel"]
+
+
+class SequenceBlock(nnx.Module):
+    """Pre-norm residual block: norm -> sequence layer -> GELU -> GLU -> residual.
+
+    Each of the H channels is mixed only in the position-wise GLU; the sequence
+    layer mixes only along time.
+    """
+
+    def __init__(self, layer, d_model, *, rngs: nnx.Rngs, dropout=0.0,
+                 prenorm=True, glu=True):
+        self.seq = layer(d_model, rngs=rngs)
+        self.norm = nnx.LayerNorm(d_model, rngs=rngs)
+        self.out = nnx.Linear(d_model, d_model, rngs=rngs)
+        self.out2 = nnx.Linear(d_model, d_model, rngs=rngs) if glu else None
+        self.drop = nnx.Dropout(dropout, rngs=rngs)
+        self.prenorm, self.glu = prenorm, glu
+
+    def _mix(self, x):
+        x = self.drop(jax.nn.gelu(x))
+        if self.glu:
+            x = self.out(x) * jax.nn.sigmoid(self.out2(x))
+        else:
+            x = self.out(x)
+        return self.drop(x)
+
+    def __call__(self, x):
+        skip = x
+        if self.prenorm:
+            x = self.norm(x)
+        x = skip + self._mix(self.seq(x))
+        return x if self.prenorm else self.norm(x)
+
+    def step(self, x_t):
+        skip = x_t
+        if self.prenorm:
+            x_t = self.norm(x_t)
+        x_t = skip + self._mix(self.seq.step(x_t))
+        return x_t if self.prenorm else self.norm(x_t)
+
+    def init_cache(self, batch_size):
+        self.seq.init_cache(batch_size)
+
+
+class StackedModel(nnx.Module):
+    """Encoder -> n_layers SequenceBlocks -> decoder.
+
+    `layer` is a layer factory ``layer(d_model, rngs=...)``, or a list of
+    them used in turn: ``[h3, attention]`` builds H3 in layers 0, 2, ... and
+    attention in layers 1, 3, ... (the H3 paper's hybrid).
+
+    * ``classification=True``: inputs (batch, L, d_input) floats (or (batch, L)
+      tokens), outputs log-probabilities (batch, d_output) after mean pooling.
+    * ``classification=False``: next-step prediction. The input is shifted one
+      step right, so output k sees inputs 0..k-1 only; outputs
+      (batch, L, d_output) log-probabilities of input k.
+    * ``vocab_size``: if given, inputs are integer tokens and the encoder is an
+      embedding; a start token (index vocab_size) fills the shifted-in slot.
+      Otherwise the encoder is dense from d_input features and zero is shifted in.
+    """
+
+    def __init__(self, layer, d_output, d_model, n_layers, *, rngs: nnx.Rngs,
+                 d_input=1, vocab_size=None, classification=True, dropout=0.0,
+                 prenorm=True, glu=True):
+        n_layers = checks.positive_int(n_layers, "n_layers")
+        factories = checks.factories(layer, "layer")
+        self.vocab_size = vocab_size
+        self.classification = classification
+        if vocab_size is not None:
+            self.encoder = nnx.Embed(vocab_size + 1, d_model, rngs=rngs)
+        else:
+            self.encoder = nnx.Linear(d_input, d_model, rngs=rngs)
+        self.layers = nnx.List([
+            SequenceBlock(factories[i % len(factories)], d_model, rngs=rngs,
+                          dropout=dropout, prenorm=prenorm, glu=glu)
+            for i in range(n_layers)
+        ])
+        self.norm = nnx.LayerNorm(d_model, rngs=rngs) if prenorm else None
+        self.decoder = nnx.Linear(d_model, d_output, rngs=rngs)
+
+    @property
+    def start_token(self):
+        return self.vocab_size
+
+    def _check_tokens(self, x, ndim):
+        if self.vocab_size is not None:
+            if x.ndim != ndim or not jnp.issubdtype(x.dtype, jnp.integer):
+                raise TypeError(
+                    f"expected integer tokens with {ndim} dims, got {x.dtype} {x.shape}"
+                )
+        elif x.ndim != ndim + 1:
+            raise ValueError(
+                f"expected float inputs with {ndim + 1} dims (..., d_input), got {x.shape}"
+            )
+
+    def _shift_right(self, x):
+        if self.vocab_size is not None:
+            start = jnp.full_like(x[:, :1], self.start_token)
+            return jnp.concatenate([start, x[:, :-1]], axis=1)
+        return jnp.pad(x[:, :-1], ((0, 0), (1, 0), (0, 0)))
+
+    def _head(self, x):
+        if self.norm is not None:
+            x = self.norm(x)
+        return jax.nn.log_softmax(self.decoder(x), axis=-1)
+
+    def __call__(self, x):
+        self._check_tokens(x, 2)
+        if not self.classification:
+            x = self._shift_right(x)
+        x = self.encoder(x)
+        for block in self.layers:
+            x = block(x)
+        if self.classification:
+            x = x.mean(axis=1)
+        return self._head(x)
+
+    def init_cache(self, batch_size):
+        """Prepare RNN mode for `batch_size` sequences (generation models only)."""
+        if self.classification:
+            raise ValueError("RNN mode is for next-step models (classification=False)")
+        for block in self.layers:
+            block.init_cache(batch_size)
+
+    def step(self, x_prev):
+        """One RNN step: x_prev, the previous input (the start token or zeros
+        at t = 0), of shape (batch,) tokens or (batch, d_input); returns the
+        log-probabilities of the next input, (batch, d_output)."""
+        self._check_tokens(x_prev, 1)
+        x = self.encoder(x_prev)
+        for block in self.layers:
+            x = block.step(x)
+        return self._head(x)
+
+
+class LastTokenModel(nnx.Module):
+    """Wraps a next-step `StackedModel` (classification=False, vocab_size set)
+    to predict the token that follows x (batch, L): returns (batch, vocab)
+    log-probabilities, so `train.fit` treats it as a classifier whose label is
+    the answer of a recall task."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, x):
+        # StackedModel shifts its input right: output k sees x_0 .. x_{k-1}.
+        # Append a placeholder so that the last output sees all of x.
+        x = jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)
+        return self.model(x)[:, -1]
