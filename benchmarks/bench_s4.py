@@ -11,7 +11,7 @@
    step per output) versus recomputing the CNN-mode forward pass on the growing
    prefix (what a convolution-only model would have to do), at several L.
 
-The kernel measurements are `annotated_s4.s4_timing.kernel_scaling`, the same
+The kernel measurements are `annotated_s4.timing.kernel_scaling`, the same
 function chapter 5 calls for its (shorter) scaling figure.
 
 Usage:  python benchmarks/bench_s4.py [--quick]
@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from annotated_s4 import S4DLayer, S4Layer
-from annotated_s4.s4_timing import kernel_scaling, linearity, loglog_slope
+from annotated_s4.timing import kernel_scaling, linearity, loglog_slope
 from annotated_s4.timing import time_fn
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

@@ -162,7 +162,7 @@ def test_diagonal_and_generating_function_errors():
 
 def test_s4_timing_helpers():
     """The measuring code shared by benchmarks/bench_s4.py and chapter 5 (no timing asserts)."""
-    from annotated_s4.s4_timing import kernel_fns, kernel_scaling, linearity, loglog_slope
+    from annotated_s4.timing import kernel_fns, kernel_scaling, linearity, loglog_slope
 
     Ls = [256, 1024, 4096]
     assert abs(loglog_slope(Ls, [1e-6 * L for L in Ls]) - 1.0) < 1e-9
