@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .data import batches
-from .layers import StackedModel
+from .models import LastTokenModel, StackedModel
 
 __all__ = [
     "loss_fn", "make_optimizer", "train_step", "evaluate", "fit",
@@ -228,7 +228,7 @@ def _h3_layer(args, L):
 
 
 def _attention_layer(args, L):
-    from .h3 import CausalSelfAttention
+    from .attention import CausalSelfAttention
 
     return functools.partial(CausalSelfAttention, n_heads=args.n_heads, max_len=L + 1)
 
@@ -236,9 +236,7 @@ def _attention_layer(args, L):
 def _hybrid_layer(args, L):
     """H3 with attention in every second layer (one attention layer in a
     2-layer model), the hybrid of the H3 paper at small scale."""
-    from .h3 import hybrid
-
-    return hybrid(_h3_layer(args, L), _attention_layer(args, L))
+    return [_h3_layer(args, L), _attention_layer(args, L)]
 
 
 LAYERS = {
@@ -452,8 +450,6 @@ def build_model(args, data):
         dropout=args.dropout,
     )
     if data.get("last_token"):  # recall tasks: predict the token after x
-        from .h3 import LastTokenModel
-
         model = LastTokenModel(model)
     return model
 
