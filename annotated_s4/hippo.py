@@ -57,7 +57,7 @@ def make_NPLR_HiPPO(N):
     return A, P, B
 
 
-def make_DPLR_HiPPO(N):
+def make_DPLR_HiPPO(N, conj=False):
     """HiPPO as diagonal plus low rank in the eigenbasis of its normal part.
 
     Returns (Lambda, P, B, V), complex128, with
@@ -67,6 +67,10 @@ def make_DPLR_HiPPO(N):
     eigenvalues -1/2 + i w. -i S itself is not Hermitian (its diagonal is i/2),
     but -i K = -i (S + I/2) is: we diagonalise it with `eigh` (exact to
     rounding, with an orthonormal V), whose real eigenvalues are the w.
+
+    conj=True (N even): A is real, so its eigenvalues and eigenvectors come in
+    conjugate pairs. Only the N/2 modes with w > 0 are returned (V has shape
+    (N, N/2)); the other N/2 are their conjugates, V_full = [V, conj(V)].
     """
     A, P, B = make_NPLR_HiPPO(N)
     S = A + P[:, None] * P[None, :]
@@ -74,6 +78,11 @@ def make_DPLR_HiPPO(N):
     Lambda_real = np.mean(S_diag) * np.ones_like(S_diag)  # all -1/2
     K = S - np.diag(S_diag)  # the skew-symmetric part, S + I/2
     Lambda_imag, V = np.linalg.eigh(-1j * K)
+    if conj:
+        if N % 2:
+            raise ValueError(f"N must be even for conjugate pairs, got {N}")
+        # eigh sorts w ascending and the w come in pairs +-w, none zero for even N
+        Lambda_real, Lambda_imag, V = Lambda_real[N // 2:], Lambda_imag[N // 2:], V[:, N // 2:]
     P = V.conj().T @ P
     B = V.conj().T @ B
     return Lambda_real + 1j * Lambda_imag, P, B, V

@@ -11,7 +11,7 @@ from flax import nnx
 
 from . import _checks as checks
 from .hippo import make_DPLR_HiPPO
-from .s4 import (discrete_DPLR, discretize_diagonal, kernel_DPLR, kernel_diagonal,
+from .s4 import (discretize_diagonal, dplr_rnn, dplr_step, kernel_DPLR, kernel_diagonal,
                  s4d_inv_init, s4d_lin_init)
 from .ssm import K_conv, causal_convolution, discretize
 
@@ -33,6 +33,9 @@ def log_step_initializer(rng, shape, dt_min=0.001, dt_max=0.1):
 class SSMLayer(nnx.Module):
     """H independent N-state SSMs with learned A, B, C, D and log step (Part I).
 
+    A (H, N, N), B (H, N, 1) and C (H, 1, N) are H separate copies, each drawn
+    with lecun_normal over its own (N, N), (N, 1), (1, N) shape (the channel
+    axis is a batch axis, not part of the fan-in): std(A) = 1/sqrt(N).
     The kernel is built with the naive `K_conv`-style power iteration, which
     costs O(N^2 L) per channel and is numerically fragile: the layer S4 improves on.
     """
@@ -41,7 +44,7 @@ class SSMLayer(nnx.Module):
         if H < 1 or N < 1 or L < 1:
             raise ValueError(f"H, N and L must be positive, got H={H}, N={N}, L={L}")
         self.H, self.N, self.L = H, N, L
-        init = jax.nn.initializers.lecun_normal()
+        init = jax.nn.initializers.lecun_normal(batch_axis=(0,))
         self.A = nnx.Param(init(rngs.params(), (H, N, N)))
         self.B = nnx.Param(init(rngs.params(), (H, N, 1)))
         self.C = nnx.Param(init(rngs.params(), (H, 1, N)))
@@ -102,33 +105,39 @@ def _as_pair(z, dtype=None):
 class S4Layer(nnx.Module):
     """H channels of an S4 SSM with a DPLR state matrix, HiPPO-initialised.
 
-    Parameters: Lambda, P, B of the DPLR HiPPO, ONE copy shared by the H
-    channels (the Annotated S4 keeps a copy per channel; sharing is the S4
-    paper's option of tying the state matrix across channels: N-sized instead
-    of H x N-sized, and the Cauchy matrix of the kernel is built once for all
-    channels); one C~ (the kernel's C (I - Ab^L)), D and log step per channel,
-    so every channel still reads the shared HiPPO memory at its own time-scale
-    through its own output vector. Complex parameters are (real, imag) pairs in
-    JAX's default float dtype (float32; float64 under x64); the real part of
-    Lambda is stored as its log-negative, so it stays < 0.
+    The state matrix A = diag(Lambda) - P P^* is real in its original basis,
+    so its N modes come in N/2 conjugate pairs: Lambda, P, B and C~ hold the
+    N/2 modes with Im Lambda > 0 and the kernel sums over both halves
+    (`kernel_DPLR(..., conj=True)`); N must be even.
 
-    CNN mode builds the length-L kernel with `kernel_DPLR` on every call and
-    uses its first u.shape[1] taps. RNN mode (`init_cache`) computes the
-    discrete DPLR matrices once with `discrete_DPLR`.
+    Parameters: Lambda, P, B of the DPLR HiPPO, ONE copy shared by the H
+    channels (this book's choice: the S4 paper and the Annotated S4 keep H
+    independent copies; sharing stores N/2 instead of H x N/2 of each);
+    one C~ (the kernel's C (I - Ab^L)), D and log step per channel, so every
+    channel reads the shared HiPPO memory at its own time-scale through its
+    own output vector. The Cauchy matrix still depends on the channel's step
+    (through g = (2/step)(1 - z)/(1 + z)): CNN mode builds one of shape
+    (L, N/2) per channel, (H, L, N/2) in all. Q = P, which keeps the
+    Hermitian part Re(Lambda) - P P^* of A negative definite while Re Lambda < 0.
+    Complex parameters are (real, imag) pairs in JAX's default float dtype;
+    Re Lambda is stored as its log-negative, so it stays < 0.
+
+    CNN mode: the length-L kernel by `kernel_DPLR` on every call, its first
+    u.shape[1] taps. RNN mode: `init_cache` computes Bb and Cb once
+    (`dplr_rnn`); each `step` is `dplr_step`, O(N) per channel.
     """
 
     def __init__(self, H, N, L, *, rngs: nnx.Rngs, dt_min=0.001, dt_max=0.1):
-        if H < 1 or N < 1 or L < 1:
-            raise ValueError(f"H, N and L must be positive, got H={H}, N={N}, L={L}")
+        checks.positive_int(H, "H"), checks.even_int(N, "N"), checks.positive_int(L, "L")
         self.H, self.N, self.L = H, N, L
-        Lambda, P, B, _ = make_DPLR_HiPPO(N)
+        Lambda, P, B, _ = make_DPLR_HiPPO(N, conj=True)  # N/2 modes
         dtype = _float_dtype()
         self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(dtype))
         self.Lambda_im = nnx.Param(jnp.asarray(Lambda.imag, dtype=dtype))
         self.P = nnx.Param(_as_pair(P))
         self.B = nnx.Param(_as_pair(B))
         # C~ ~ N(0, 1/2) in each of the real and imaginary parts.
-        self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N, 2), dtype) * 0.5**0.5)
+        self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N // 2, 2), dtype) * 0.5**0.5)
         self.D = nnx.Param(jnp.ones((H,)))
         self.log_step = nnx.Param(
             log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
@@ -136,7 +145,7 @@ class S4Layer(nnx.Module):
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
     def ssm_params(self):
-        """(Lambda, P, B, C~ (H, N), step (H,)) as complex / real arrays."""
+        """(Lambda, P, B (N/2,), C~ (H, N/2), step (H,)) as complex / real arrays."""
         Lambda = -jnp.exp(self.Lambda_log_neg_re[...]) + 1j * self.Lambda_im[...]
         return (Lambda, _complex(self.P[...]), _complex(self.B[...]),
                 _complex(self.C[...]), jnp.exp(self.log_step[...]))
@@ -151,7 +160,7 @@ class S4Layer(nnx.Module):
         if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L <= self.L:
             raise ValueError(f"L must be an int in [1, self.L = {self.L}], got {L!r}")
         Lambda, P, B, C, step = self.ssm_params()
-        K = jax.vmap(lambda C, step: kernel_DPLR(Lambda, P, P, B, C, step, self.L))(C, step)
+        K = jax.vmap(lambda C, s: kernel_DPLR(Lambda, P, P, B, C, s, self.L, conj=True))(C, step)
         return K[:, :L]
 
     def __call__(self, u):
@@ -161,18 +170,18 @@ class S4Layer(nnx.Module):
 
     def init_cache(self, batch_size):
         Lambda, P, B, C, step = self.ssm_params()
-        Ab, Bb, Cb = jax.vmap(
-            lambda C, step: discrete_DPLR(Lambda, P, P, B, C, step, self.L)
+        Bb, Cb = jax.vmap(
+            lambda C, s: dplr_rnn(Lambda, P, P, B, C, s, self.L, conj=True)
         )(C, step)
-        self.Ab, self.Bb, self.Cb = nnx.Cache(Ab), nnx.Cache(Bb[..., 0]), nnx.Cache(Cb[:, 0])
-        self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N), Ab.dtype))
+        self.Bb, self.Cb = nnx.Cache(Bb), nnx.Cache(Cb)  # (H, N/2) each
+        self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), Bb.dtype))
 
     def step(self, u_t):
         checks.step_input(u_t, self.H, self.cache)
-        x = jnp.einsum("hnm,bhm->bhn", self.Ab[...], self.cache[...])
-        x = x + self.Bb[...] * u_t[..., None]
+        Lambda, P, _, _, step = self.ssm_params()
+        x = dplr_step(self.cache[...], u_t, Lambda, P, P, self.Bb[...], step[:, None], conj=True)
         self.cache[...] = x
-        y = jnp.einsum("hn,bhn->bh", self.Cb[...], x).real
+        y = 2.0 * jnp.einsum("hn,bhn->bh", self.Cb[...], x).real
         return y + self.D[...] * u_t
 
 

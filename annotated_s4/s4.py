@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .ssm import K_conv, _check_length, _check_ssm
+from . import _checks as checks
+from .ssm import K_conv
 
 __all__ = [
     "discretize_diagonal",
@@ -24,31 +25,17 @@ __all__ = [
     "cauchy",
     "kernel_DPLR",
     "discrete_DPLR",
+    "unfold_conj",
+    "dplr_A0",
+    "dplr_A1",
+    "dplr_step",
+    "dplr_rnn",
 ]
 
 
 def _check_diagonal(Lambda, B, C):
-    Lambda, B, C = jnp.asarray(Lambda), jnp.asarray(B), jnp.asarray(C)
-    if Lambda.ndim != 1:
-        raise ValueError(f"Lambda must be a 1-D vector of N eigenvalues, got {Lambda.shape}")
-    N = Lambda.shape[0]
-    if B.shape != (N,) or C.shape != (N,):
-        raise ValueError(
-            f"B and C must have shape (N,) = ({N},), got {B.shape} and {C.shape}"
-        )
-    return Lambda, B, C
-
-
-def _check_step(step):
-    """step must be positive (checked when it is a concrete value, not under jit)."""
-    if isinstance(step, jax.core.Tracer):
-        return step
-    a = np.asarray(step)
-    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
-        raise TypeError(f"step must be a real number or array, got dtype {a.dtype}")
-    if not np.all(a > 0):
-        raise ValueError(f"step must be positive, got {step}")
-    return step
+    Lambda = checks.array(Lambda, "Lambda", ndim=1)
+    return [Lambda] + checks.vectors(Lambda.shape[0], B=B, C=C)
 
 
 def discretize_diagonal(Lambda, B, step):
@@ -63,7 +50,7 @@ def discretize_diagonal(Lambda, B, step):
     if Lambda.ndim < 1 or B.shape != Lambda.shape:
         raise ValueError(f"Lambda and B must have the same shape (..., N), got "
                          f"{Lambda.shape} and {B.shape}")
-    step = _check_step(step)
+    step = checks.positive(step, "step")
     if jnp.ndim(step) > Lambda.ndim or jnp.broadcast_shapes(jnp.shape(step), Lambda.shape) != Lambda.shape:
         raise ValueError(f"step of shape {jnp.shape(step)} does not broadcast against "
                          f"Lambda of shape {Lambda.shape}")
@@ -81,7 +68,7 @@ def kernel_diagonal(Lambda, B, C, step, L):
     caller puts in C, or into taking the real part as here).
     """
     Lambda, B, C = _check_diagonal(Lambda, B, C)
-    L = _check_length(L)
+    L = checks.positive_int(L, "L")
     if jnp.ndim(step) != 0:
         raise ValueError(f"step must be a scalar, got shape {jnp.shape(step)}")
     _, B_bar = discretize_diagonal(Lambda, B, step)
@@ -113,10 +100,7 @@ def _complex_dtype():
 
 
 def _check_even_N(N):
-    N = _check_length(N, "N")
-    if N % 2:
-        raise ValueError(f"N must be even (N/2 conjugate pairs), got {N}")
-    return N
+    return checks.even_int(N, "N")
 
 
 # --------------------------------------------------------------------------
@@ -143,7 +127,7 @@ def conv_from_gen(gen, L):
     """
     if not callable(gen):
         raise TypeError(f"gen must be a function z -> K_hat(z), got {type(gen).__name__}")
-    L = _check_length(L)
+    L = checks.positive_int(L, "L")
     Omega_L = jnp.exp((-2j * jnp.pi) * (jnp.arange(L) / L))
     atRoots = jax.vmap(gen)(Omega_L)
     return jnp.fft.ifft(atRoots, L).reshape(L).real
@@ -157,8 +141,8 @@ def K_gen_inverse(Ab, Bb, Cb, L):
 
     with C~ = Cb (I - Ab^L). One Ab^L, then one N x N solve per root.
     """
-    Ab, Bb, Cb = _check_ssm(Ab, Bb, Cb)
-    L = _check_length(L)
+    Ab, Bb, Cb = checks.ssm(Ab, Bb, Cb)
+    L = checks.positive_int(L, "L")
     I = jnp.eye(Ab.shape[0])
     Ab_L = jnp.linalg.matrix_power(Ab, L)
     Ct = Cb @ (I - Ab_L)
@@ -168,40 +152,36 @@ def K_gen_inverse(Ab, Bb, Cb, L):
 # --------------------------------------------------------------------------
 # Diagonal plus low rank: Cauchy kernels and the Woodbury identity
 # --------------------------------------------------------------------------
-def cauchy(v, omega, lambd):
+def cauchy(v, omega, lambd, conj=False):
     """The Cauchy matrix-vector product k(omega_j) = sum_n v_n / (omega_j - lambd_n).
 
     lambd has shape (N,), omega shape (M,); v has shape (N,), giving k of
-    shape (M,), or (K, N) for K vectors at once, giving (K, M). The Cauchy
-    matrix 1 / (omega_j - lambd_n) is built once and shared by the K vectors:
-    O(M N) time and memory.
+    shape (M,), or (K, N) for K vectors at once, giving (K, M), which share
+    one (M, N) Cauchy matrix 1 / (omega_j - lambd_n): O(M N) time and memory.
+
+    conj=True: the N stored poles stand for 2N, the pairs (lambd_n, conj lambd_n)
+    with weights (v_n, conj v_n), as for a real SSM written in its complex
+    eigenbasis; the sum runs over all 2N.
     """
-    v, omega, lambd = jnp.asarray(v), jnp.asarray(omega), jnp.asarray(lambd)
-    if lambd.ndim != 1:
-        raise ValueError(f"lambd must be 1-D of shape (N,), got {lambd.shape}")
-    if v.ndim not in (1, 2) or v.shape[-1] != lambd.shape[0]:
-        raise ValueError(
-            f"v must have shape (N,) or (K, N) with N = {lambd.shape[0]}, got {v.shape}"
-        )
-    if omega.ndim != 1:
-        raise ValueError(f"omega must be 1-D of shape (M,), got {omega.shape}")
-    cauchy_matrix = 1.0 / (omega[:, None] - lambd[None, :])  # (M, N)
-    return v @ cauchy_matrix.T
+    lambd = checks.array(lambd, "lambd", ndim=1)
+    v = checks.array(v, "v", ndim=(1, 2))
+    if v.shape[-1] != lambd.shape[0]:
+        raise ValueError(f"v must have shape (N,) or (K, N) with N = {lambd.shape[0]}, "
+                         f"got {v.shape}")
+    omega = checks.array(omega, "omega", ndim=1)
+    k = v @ (1.0 / (omega[:, None] - lambd[None, :])).T
+    if conj:
+        k = k + v.conj() @ (1.0 / (omega[:, None] - lambd.conj()[None, :])).T
+    return k
 
 
 def _check_dplr(Lambda, P, Q, B, C, step):
-    arrs = [jnp.asarray(a) for a in (Lambda, P, Q, B, C)]
-    if arrs[0].ndim != 1:
-        raise ValueError(f"Lambda must be 1-D of shape (N,), got {arrs[0].shape}")
-    N = arrs[0].shape[0]
-    for name, a in zip("PQBC", arrs[1:]):
-        if a.shape != (N,):
-            raise ValueError(f"{name} must have shape (N,) = ({N},), got {a.shape}")
-    _check_step(step)
-    return arrs
+    Lambda = checks.array(Lambda, "Lambda", ndim=1)
+    checks.positive(step, "step")
+    return [Lambda] + checks.vectors(Lambda.shape[0], P=P, Q=Q, B=B, C=C)
 
 
-def kernel_DPLR(Lambda, P, Q, B, C, step, L):
+def kernel_DPLR(Lambda, P, Q, B, C, step, L, conj=False):
     """The S4 convolution kernel of A = diag(Lambda) - P Q^*, shape (L,), real.
 
     C is C~ = C (I - Ab^L), the S4 parameterisation. With the bilinear
@@ -214,9 +194,11 @@ def kernel_DPLR(Lambda, P, Q, B, C, step, L):
         C~ R B - C~ R P (1 + Q^* R P)^{-1} Q^* R B,   R = (g - diag(Lambda))^{-1}.
 
     O(N L) work, no matrix powers, no inverses; an inverse FFT gives K.
+    conj=True: the N stored modes stand for N conjugate pairs (see `cauchy`),
+    the state size is 2N and only half of it is stored or computed on.
     """
     Lambda, P, Q, B, C = _check_dplr(Lambda, P, Q, B, C, step)
-    L = _check_length(L)
+    L = checks.positive_int(L, "L")
     Omega_L = jnp.exp((-2j * jnp.pi) * (jnp.arange(L) / L))
     aterm = (C.conj(), Q.conj())
     bterm = (B, P)
@@ -225,26 +207,35 @@ def kernel_DPLR(Lambda, P, Q, B, C, step, L):
     # the four Cauchy kernels share their poles Lambda: one Cauchy matrix
     v = jnp.stack([aterm[0] * bterm[0], aterm[0] * bterm[1],
                    aterm[1] * bterm[0], aterm[1] * bterm[1]])
-    k00, k01, k10, k11 = cauchy(v, g, Lambda)
+    k00, k01, k10, k11 = cauchy(v, g, Lambda, conj)
     atRoots = c * (k00 - k01 * (1.0 / (1.0 + k11)) * k10)
     return jnp.fft.ifft(atRoots, L).reshape(L).real
 
 
+def unfold_conj(*xs):
+    """N/2 stored modes -> all N: each x becomes concat(x, conj(x)) on its last axis."""
+    out = [jnp.concatenate([x, jnp.conj(x)], axis=-1) for x in map(jnp.asarray, xs)]
+    return out[0] if len(out) == 1 else out
+
+
 def discrete_DPLR(Lambda, P, Q, B, C, step, L):
-    """The bilinear discretisation of a DPLR SSM, for the RNN mode.
+    """The bilinear discretisation of a DPLR SSM as DENSE matrices (the reference).
 
     Returns (Ab, Bb, Cb) with shapes (N, N), (N, 1), (1, N), complex, such that
     K_conv(Ab, Bb, Cb, L).real == kernel_DPLR(Lambda, P, Q, B, C, step, L).
 
     Ab = A1 A0 and Bb = 2 A1 B with A0 = (2/step) I + A and
     A1 = ((2/step) I - A)^{-1} = D - D P (1 + Q^* D P)^{-1} Q^* D, where
-    D = diag(1 / (2/step - Lambda)) (Woodbury again: no dense inverse).
+    D = diag(1 / (2/step - Lambda)) (Woodbury: no dense inverse). But the
+    product A1 @ A0 is formed: O(N^2) memory, O(N^3) to build and O(N^2) per
+    step of the recurrence. `dplr_step` applies the same Ab in O(N), never
+    forming it; this function is what it is checked against.
     Since the kernel was written with C~ = C (I - Ab^L) (and uses its
     conjugate, see kernel_DPLR), the recurrence needs Cb = C~^* (I - Ab^L)^{-1}:
-    one N x N solve, done once.
+    a dense power Ab^L and one N x N solve, done once.
     """
     Lambda, P, Q, B, C = _check_dplr(Lambda, P, Q, B, C, step)
-    L = _check_length(L)
+    L = checks.positive_int(L, "L")
     N = Lambda.shape[0]
     A = jnp.diag(Lambda) - P[:, None] @ Q[:, None].conj().T
     I = jnp.eye(N)
@@ -261,3 +252,52 @@ def discrete_DPLR(Lambda, P, Q, B, C, step, L):
     Ab_L = jnp.linalg.matrix_power(Ab, L)
     Cb = jnp.linalg.solve((I - Ab_L).T, C.conj()[:, None]).T
     return Ab, Bb, Cb
+
+
+# --------------------------------------------------------------------------
+# The O(N) recurrent step (S4 paper, Theorem 2 and its appendix)
+# --------------------------------------------------------------------------
+def _dot(a, b, conj):
+    """a^* b = sum_n conj(a_n) b_n over the last axis; with conj, over the pairs too."""
+    s = jnp.sum(a.conj() * b, axis=-1)
+    return 2.0 * s.real if conj else s
+
+
+def dplr_A0(x, Lambda, P, Q, step, conj=False):
+    """A0 x = ((2/step) I + diag(Lambda) - P Q^*) x: a diagonal and a rank one, O(N)."""
+    return (2.0 / step + Lambda) * x - P * _dot(Q, x, conj)[..., None]
+
+
+def dplr_A1(y, Lambda, P, Q, step, conj=False):
+    """A1 y = ((2/step) I - diag(Lambda) + P Q^*)^{-1} y by Woodbury, O(N):
+
+        A1 = D - D P (1 + Q^* D P)^{-1} Q^* D,   D = diag(1 / (2/step - Lambda)).
+    """
+    d = 1.0 / (2.0 / step - Lambda)
+    r = _dot(Q, d * y, conj) / (1.0 + _dot(Q, d * P, conj))
+    return d * y - (d * P) * r[..., None]
+
+
+def dplr_step(x, u, Lambda, P, Q, Bb, step, conj=False):
+    """One step x_k = Ab x_{k-1} + Bb u_k with Ab = A1 A0 applied, never formed: O(N).
+
+    x has shape (..., N) (complex), u shape (...) (the scalar input of each
+    SSM); Lambda, P, Q have shape (N,); Bb and step broadcast against x.
+    With conj, x holds the N stored modes of 2N conjugate pairs.
+    """
+    return dplr_A1(dplr_A0(x, Lambda, P, Q, step, conj), Lambda, P, Q, step, conj) \
+        + Bb * u[..., None]
+
+
+def dplr_rnn(Lambda, P, Q, B, C, step, L, conj=False):
+    """(Bb, Cb) for `dplr_step`, shapes (N,), with y_k = Re(Cb x_k) (2 Re(...) with conj).
+
+    Bb = 2 A1 B is one O(N) Woodbury solve. Cb = C~^* (I - Ab^L)^{-1} needs
+    the L-th power of Ab, taken densely by `discrete_DPLR` once, at set-up
+    (O(N^3 log L)); every step after that is O(N).
+    """
+    Lambda, P, Q, B, C = _check_dplr(Lambda, P, Q, B, C, step)
+    Bb = dplr_A1(2.0 * B, Lambda, P, Q, step, conj)
+    full = unfold_conj(Lambda, P, Q, B, C) if conj else (Lambda, P, Q, B, C)
+    _, _, Cb = discrete_DPLR(*full, step, L)
+    return Bb, Cb[0, :Lambda.shape[0]]

@@ -94,3 +94,17 @@ def test_history_matrix_matches_online_run_and_is_orthogonal():
     assert sr.min() / sr.max() < 1e-3
     with pytest.raises(ValueError, match="A"):
         legs_history_matrix(N, t, np.eye(3), Br)
+
+
+def test_dplr_conjugate_half_reconstructs_hippo():
+    N = 16
+    Lambda, P, B, V = make_DPLR_HiPPO(N, conj=True)
+    assert Lambda.shape == P.shape == B.shape == (N // 2,) and V.shape == (N, N // 2)
+    assert np.all(Lambda.imag > 0)
+    Vf = np.concatenate([V, V.conj()], axis=1)
+    Lf, Pf = np.concatenate([Lambda, Lambda.conj()]), np.concatenate([P, P.conj()])
+    assert np.allclose(Vf.conj().T @ Vf, np.eye(N), atol=1e-12)
+    A = Vf @ (np.diag(Lf) - np.outer(Pf, Pf.conj())) @ Vf.conj().T
+    assert np.allclose(A, make_HiPPO(N), atol=1e-10)
+    with pytest.raises(ValueError, match="even"):
+        make_DPLR_HiPPO(5, conj=True)

@@ -112,3 +112,15 @@ def test_stacked_model_bad_layers():
     with pytest.raises(ValueError, match="n_layers"):
         StackedModel(functools.partial(SSMLayer, N=4, L=12), d_output=5, d_model=8, n_layers=0,
                      rngs=nnx.Rngs(0))
+
+
+def test_ssm_layer_init_is_per_channel():
+    """lecun_normal per channel: the H axis is not in the fan-in, std(A) ~ 1/sqrt(N)."""
+    H, N = 64, 16
+    layer = SSMLayer(H, N, 8, rngs=nnx.Rngs(0))
+    A, B, C = layer.A[...], layer.B[...], layer.C[...]
+    assert A.shape == (H, N, N) and B.shape == (H, N, 1) and C.shape == (H, 1, N)
+    assert abs(float(A.std()) * N**0.5 - 1.0) < 0.05
+    assert abs(float(B.std()) * N**0.5 - 1.0) < 0.1
+    assert abs(float(C.std()) - 1.0) < 0.1
+    assert abs(float(A.mean())) < 0.01

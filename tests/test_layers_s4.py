@@ -61,14 +61,18 @@ def test_params_get_gradients(name, make):
 def test_s4_is_hippo_initialised_and_stable():
     layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
     Lambda, P, B, C, step = layer.ssm_params()
-    Lambda0, P0, B0, _ = make_DPLR_HiPPO(N)
+    Lambda0, P0, B0, _ = make_DPLR_HiPPO(N, conj=True)
     assert np.allclose(Lambda.real, -0.5, atol=1e-6)
     # the whole DPLR HiPPO, not only its real part: one shared copy (float32)
-    assert Lambda.shape == P.shape == B.shape == (N,)
+    # of the N/2 modes with Im Lambda > 0 (the others are their conjugates)
+    assert Lambda.shape == P.shape == B.shape == (N // 2,)
+    assert np.all(Lambda.imag > 0)
     np.testing.assert_allclose(Lambda.imag, Lambda0.imag, rtol=1e-6, atol=1e-5)
     np.testing.assert_allclose(P, P0, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(B, B0, rtol=1e-6, atol=1e-6)
-    assert C.shape == (H, N) and step.shape == (H,)
+    assert C.shape == (H, N // 2) and step.shape == (H,)
+    with pytest.raises(ValueError, match="N must be even"):
+        S4Layer(H, 7, L, rngs=nnx.Rngs(0))
 
 
 def test_s4_kernel_length_is_at_most_L():
@@ -101,6 +105,44 @@ for make in [functools.partial(S4Layer, N=16, L=64),
     assert err < 1e-10, (type(layer).__name__, err)
 print("ok")
 """
+
+
+_F64_STEP = """
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+from flax import nnx
+from annotated_s4.layers import S4Layer
+from annotated_s4.s4 import discrete_DPLR, unfold_conj
+H, N, L = 3, 16, 64
+layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
+u = jax.random.normal(jax.random.PRNGKey(1), (2, L, H))
+layer.init_cache(2)
+assert layer.cache[...].shape == (2, H, N // 2)
+y_fast = jnp.stack([layer.step(u[:, k]) for k in range(L)], axis=1)
+# the dense step: Ab (H, N, N) over all N modes, unfolded from the N/2 stored ones
+Lambda, P, B, C, step = layer.ssm_params()
+Ab, Bb, Cb = jax.vmap(lambda C, s: discrete_DPLR(*unfold_conj(Lambda, P, P, B, C), s, L))(C, step)
+x = jnp.zeros((2, H, N), complex)
+ys = []
+for k in range(L):
+    x = jnp.einsum("hnm,bhm->bhn", Ab, x) + Bb[..., 0] * u[:, k, :, None]
+    ys.append(jnp.einsum("hn,bhn->bh", Cb[:, 0], x).real + layer.D[...] * u[:, k])
+y_dense = jnp.stack(ys, axis=1)
+err = float(jnp.abs(y_fast - y_dense).max() / jnp.abs(y_dense).max())
+assert err < 1e-10, err
+print("ok", err)
+"""
+
+
+def test_O_N_step_equals_dense_step_float64():
+    """S4Layer.step (diagonal plus rank one, O(N)) == the dense Ab step, 1e-10 in float64."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _F64_STEP], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith("ok")
 
 
 def test_cnn_equals_rnn_float64():

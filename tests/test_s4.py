@@ -13,10 +13,15 @@ from annotated_s4.s4 import (
     conv_from_gen,
     discrete_DPLR,
     discretize_diagonal,
+    dplr_A0,
+    dplr_A1,
+    dplr_rnn,
+    dplr_step,
     kernel_DPLR,
     kernel_diagonal,
     s4d_inv_init,
     s4d_lin_init,
+    unfold_conj,
 )
 from annotated_s4.ssm import K_conv, discretize, random_SSM
 
@@ -90,6 +95,58 @@ def test_discrete_DPLR_unrolls_to_kernel():
         A = np.diag(Lambda) - np.outer(P, P.conj())
         Ab2, Bb2, _ = discretize(jnp.asarray(A), jnp.asarray(B)[:, None], jnp.ones((1, N)), 0.05)
         assert np.allclose(Ab, Ab2, atol=1e-10) and np.allclose(Bb, Bb2, atol=1e-10)
+
+
+def test_conjugate_pairs_give_the_full_kernel():
+    """N/2 stored modes with conj=True == all N modes, float64."""
+    with enable_x64():
+        N, L = 16, 128
+        Lambda, P, B, _ = make_DPLR_HiPPO(N, conj=True)
+        rng = np.random.RandomState(5)
+        C = rng.randn(N // 2) + 1j * rng.randn(N // 2)
+        half = kernel_DPLR(Lambda, P, P, B, C, 0.02, L, conj=True)
+        full = kernel_DPLR(*unfold_conj(Lambda, P, P, B, C), 0.02, L)
+        assert _rel(half, full) < 1e-12
+        v = rng.randn(N // 2) + 1j * rng.randn(N // 2)
+        om = 1j * rng.randn(5)
+        assert np.allclose(cauchy(v, om, Lambda, conj=True),
+                           cauchy(*unfold_conj(v, Lambda)[:1], om, unfold_conj(Lambda)),
+                           rtol=1e-12)
+
+
+@pytest.mark.parametrize("conj", [False, True])
+def test_dplr_step_equals_dense_step(conj):
+    """The O(N) step (A0 then Woodbury A1) == the dense Ab = A1 @ A0 step, float64."""
+    with enable_x64():
+        N, L, step = 16, 64, 0.05
+        Lambda, P, B, _ = make_DPLR_HiPPO(N, conj=conj)
+        rng = np.random.RandomState(6)
+        C = rng.randn(Lambda.shape[0]) + 1j * rng.randn(Lambda.shape[0])
+        full = unfold_conj(Lambda, P, B, C) if conj else (Lambda, P, B, C)
+        Lf, Pf, Bf, Cf = full
+        Ab, Bb, Cb = discrete_DPLR(Lf, Pf, Pf, Bf, Cf, step, L)
+        A = np.diag(Lf) - np.outer(Pf, Pf.conj())
+        x = rng.randn(Lf.shape[0]) + 1j * rng.randn(Lf.shape[0])
+        if conj:
+            x[N // 2:] = x[:N // 2].conj()
+        half = slice(0, Lambda.shape[0])
+        A0x = dplr_A0(x[half], Lambda, P, P, step, conj)
+        assert np.allclose(A0x, ((2 / step) * np.eye(N) + A)[half] @ x, rtol=1e-12)
+        y = np.asarray(A0x if not conj else unfold_conj(A0x))
+        A1y = dplr_A1(y[half], Lambda, P, P, step, conj)
+        assert np.allclose(A1y, np.linalg.solve((2 / step) * np.eye(N) - A, y)[half], rtol=1e-10)
+        Bb2, Cb2 = dplr_rnn(Lambda, P, P, B, C, step, L, conj)
+        assert np.allclose(Bb2, Bb[half, 0], rtol=1e-12)
+        assert np.allclose(Cb2, Cb[0, half], rtol=1e-12)
+        u = rng.randn(L)
+        xd, xs, err = np.zeros(N, complex), jnp.zeros(Lambda.shape[0], complex), 0.0
+        for k in range(L):
+            xd = np.asarray(Ab) @ xd + np.asarray(Bb)[:, 0] * u[k]
+            xs = dplr_step(xs, jnp.asarray(u[k]), Lambda, P, P, Bb2, step, conj)
+            yd = (np.asarray(Cb)[0] @ xd).real
+            ys = (2.0 * (Cb2 @ xs).real) if conj else (Cb2 @ xs).real
+            err = max(err, abs(float(ys) - yd) / max(abs(yd), 1e-300))
+        assert err < 1e-10
 
 
 def test_kernel_DPLR_float32_accurate_at_16k():
