@@ -7,16 +7,23 @@
    kernel of all H channels of an S4Layer at once (what CNN mode computes).
 2. Layer forward + backward time (S4Layer and S4DLayer, H = 128, N = 64,
    batch 8) at the same lengths.
-3. Generation: producing L outputs one at a time in RNN mode (one cached
+3. The recurrent step at N = 64, H = 128: S4Layer's O(N) DPLR step
+   (`dplr_step`: a diagonal plus rank-one product, then a Woodbury solve)
+   against the dense step with Ab = A1 A0 formed (`discrete_DPLR`, O(N^2)),
+   both inside one compiled `lax.scan` (no per-call overhead): microseconds
+   per token at batch 1, and generation tokens/s of a decoder that feeds
+   each output back as the next input (batch 16).
+4. Generation: producing L outputs one at a time in RNN mode (one cached
    step per output) versus recomputing the CNN-mode forward pass on the growing
    prefix (what a convolution-only model would have to do), at several L.
 
 The kernel measurements are `annotated_s4.timing.kernel_scaling`, the same
 function chapter 5 calls for its (shorter) scaling figure.
 
-Usage:  python benchmarks/bench_s4.py [--quick]
+Usage:  python benchmarks/bench_s4.py [--quick] [--step-only]
 --quick runs a reduced sweep (CPU CI budgets): L = 1k, 4k, H = 32, and
-generation at L = 32, 64, 128.
+generation at L = 32, 64, 128 (the step comparison keeps N = 64, H = 128).
+--step-only runs section 3 alone.
 Writes benchmarks/results/s4.json and benchmarks/results/s4.png.
 """
 
@@ -35,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from annotated_s4 import S4DLayer, S4Layer
+from annotated_s4.s4 import discrete_DPLR, dplr_rnn, dplr_step, unfold_conj
 from annotated_s4.timing import kernel_scaling, linearity, loglog_slope
 from annotated_s4.timing import time_fn
 
@@ -77,9 +85,74 @@ def generation(layer_cls, H, N, L, batch, repeats):
     return {"rnn": time_fn(rnn_all, repeats=repeats), "cnn": time_fn(cnn_all, repeats=repeats)}
 
 
+def step_fns(H, N, L):
+    """The O(N) and the dense one-token step of one S4Layer's H channels (pure functions)."""
+    layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
+    Lambda, P, B, C, step = layer.ssm_params()
+    D = layer.D[...]
+    Bb, Cb = jax.vmap(lambda C, s: dplr_rnn(Lambda, P, P, B, C, s, L, conj=True))(C, step)
+    Ab, Bd, Cd = jax.vmap(lambda C, s: discrete_DPLR(*unfold_conj(Lambda, P, P, B, C), s, L))(
+        C, step)
+    Bd, Cd = Bd[..., 0], Cd[:, 0]
+
+    def fast(x, u):  # x (batch, H, N/2): what S4Layer.step computes
+        x = dplr_step(x, u, Lambda, P, P, Bb, step[:, None], conj=True)
+        return x, 2.0 * jnp.einsum("hn,bhn->bh", Cb, x).real + D * u
+
+    def dense(x, u):  # x (batch, H, N): Ab (H, N, N) formed
+        x = jnp.einsum("hnm,bhm->bhn", Ab, x) + Bd * u[..., None]
+        return x, jnp.einsum("hn,bhn->bh", Cd, x).real + D * u
+
+    return {"dplr_O(N)": (fast, N // 2, Bb.dtype), "dense": (dense, N, Ab.dtype)}
+
+
+def recurrence(H, N, T, batch, repeats, feedback):
+    """Median seconds for T tokens of each step inside one jitted lax.scan.
+
+    feedback=False: the inputs are given (teacher forcing); True: a decoder,
+    each output (through tanh) is the next input, as in generation.
+    """
+    u = jax.random.normal(jax.random.PRNGKey(3), (T, batch, H))
+    out = {}
+    for name, (fn, n_state, dtype) in step_fns(H, N, T).items():
+        x0 = jnp.zeros((batch, H, n_state), dtype)
+
+        def body(carry, u_t, fn=fn):
+            x, prev = carry
+            x, y = fn(x, jnp.tanh(prev) if feedback else u_t)
+            return (x, y), y
+
+        run = jax.jit(lambda x0, u, body=body: jax.lax.scan(body, (x0, u[0]), u)[1])
+        out[name] = time_fn(lambda run=run, x0=x0: run(x0, u), repeats=repeats)
+    return out
+
+
+def step_section(out, repeats, quick):
+    N, H, T = 64, 128, (1024 if quick else 4096)
+    print(f"\nrecurrent step, N = {N}, H = {H}: {T} tokens in one compiled lax.scan")
+    per_token = recurrence(H, N, T, 1, repeats, feedback=False)
+    gen_batch = 16
+    gen = recurrence(H, N, T, gen_batch, repeats, feedback=True)
+    res = {"N": N, "H": H, "tokens": T,
+           "us_per_token_batch1": {k: 1e6 * v / T for k, v in per_token.items()},
+           "generation_batch": gen_batch,
+           "generation_tokens_per_s": {k: gen_batch * T / v for k, v in gen.items()}}
+    res["step_speedup"] = per_token["dense"] / per_token["dplr_O(N)"]
+    res["generation_speedup"] = gen["dense"] / gen["dplr_O(N)"]
+    out["rnn_step"] = res
+    print(f"{'step':>10} {'us/token (batch 1)':>19} {f'gen tokens/s (batch {gen_batch})':>26}")
+    for k in per_token:
+        print(f"{k:>10} {res['us_per_token_batch1'][k]:19.1f} "
+              f"{res['generation_tokens_per_s'][k]:26.0f}")
+    print(f"O(N) step {res['step_speedup']:.1f}x faster per token, "
+          f"{res['generation_speedup']:.1f}x in generation")
+    sys.stdout.flush()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="reduced sweep for CPU CI")
+    parser.add_argument("--step-only", action="store_true", help="only the recurrent step")
     args = parser.parse_args(argv)
     quick = args.quick
     lengths = [1024, 4096] if quick else [1024, 4096, 16384]
@@ -90,6 +163,9 @@ def main(argv=None):
            "N": N, "H": H, "batch": batch, "lengths": lengths, "kernel": {}, "layer": {}}
 
     print(f"backend {out['backend']}, N = {N}, H = {H}, batch = {batch}")
+    step_section(out, repeats, quick)
+    if args.step_only:
+        return _write(out, plot_it=False)
     print("\nkernel time for one SSM (median ms)")
     # 16k dense 64 x 64 solves per call take minutes on a CPU: skip them there
     max_L = {"generating_function": 4096} if out["backend"] == "cpu" else None
@@ -142,11 +218,18 @@ def main(argv=None):
     for k in ("dplr_kernel", "dplr_kernel_H_channels"):
         print(f"{k}: slope {slopes[k]:.2f}, {linearity(slopes[k])}")
 
+    return _write(out, plot_it=True)
+
+
+def _write(out, plot_it):
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "s4.json"), "w") as f:
+    name = "s4_step.json" if not plot_it else "s4.json"
+    with open(os.path.join(RESULTS, name), "w") as f:
         json.dump(out, f, indent=2)
-    plot(out, os.path.join(RESULTS, "s4.png"))
-    print(f"wrote {RESULTS}/s4.json and s4.png")
+    print(f"wrote {RESULTS}/{name}")
+    if plot_it:
+        plot(out, os.path.join(RESULTS, "s4.png"))
+        print(f"wrote {RESULTS}/s4.png")
     return out
 
 
