@@ -282,3 +282,44 @@ def test_hybrid_alternates_and_restarts_per_model():
         StackedModel([], 5, 8, 3, rngs=nnx.Rngs(0))
     with pytest.raises(TypeError, match="layer factory"):
         StackedModel([make_h3, 3], 5, 8, 3, rngs=nnx.Rngs(0))
+
+
+# --- The fast Vandermonde kernel and the block FFT (float64) --------------------
+
+
+def test_vandermonde_equals_reference_kernel_float64():
+    from jax import enable_x64
+
+    from annotated_s4.s4 import discretize_diagonal, kernel_diagonal
+
+    with enable_x64():
+        H, N = 5, 16
+        rng = np.random.default_rng(0)
+        Lambda = jnp.asarray(-np.exp(rng.normal(size=(H, N)) - 1) + 1j * np.pi * np.arange(N))
+        C = jnp.asarray(rng.normal(size=(H, N)) + 1j * rng.normal(size=(H, N)))
+        step = jnp.asarray(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), H)))
+        _, B_bar = discretize_diagonal(Lambda, jnp.ones_like(Lambda), step[:, None])
+        for L in (1, 2, 7, 64, 1000, 4099):
+            ref = jax.vmap(kernel_diagonal, in_axes=(0, 0, 0, 0, None))(
+                Lambda, jnp.ones_like(Lambda), 2 * C, step, L)
+            fast = h3.vandermonde(2 * C * B_bar, step[:, None] * Lambda, L)
+            assert fast.dtype == jnp.float64 and fast.shape == (H, L)
+            rel = float(jnp.abs(fast - ref).max() / jnp.abs(ref).max())
+            assert rel < 1e-10, (L, rel)
+
+
+def test_diagonal_ssm_kernel_is_the_reference_formula():
+    from annotated_s4.s4 import kernel_diagonal
+
+    ssm = DiagonalSSM(4, 8, rngs=nnx.Rngs(0))
+    Lambda, C, step = ssm.params()
+    ref = jax.vmap(kernel_diagonal, in_axes=(0, 0, 0, 0, None))(
+        Lambda, jnp.ones_like(Lambda), 2 * C, step, 300)
+    assert jnp.allclose(ssm.kernel(300), ref, atol=1e-5 * float(jnp.abs(ref).max()))
+
+
+def test_vandermonde_checks_its_arguments():
+    with pytest.raises(ValueError, match="L"):
+        h3.vandermonde(jnp.ones(3), jnp.ones(3), 0)
+    with pytest.raises(TypeError, match="W"):
+        h3.vandermonde(jnp.ones(3, int).astype(bool), jnp.ones(3), 4)
