@@ -1,0 +1,55 @@
+import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from annotated_s4.attention import CausalSelfAttention, cached_attention
+
+
+def _dense(q, k, v, length):
+    scores = jnp.einsum("bhd,bkhd->bhk", q, k[:, :length]) / np.sqrt(q.shape[-1])
+    return jnp.einsum("bhk,bkhd->bhd", jax.nn.softmax(scores, -1), v[:, :length])
+
+
+@pytest.mark.parametrize("length", [1, 5, 8, 9, 31, 32])
+def test_cached_attention_is_softmax_attention_over_the_prefix(length):
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    q = jax.random.normal(keys[0], (2, 3, 4))
+    k = 3 * jax.random.normal(keys[1], (2, 32, 3, 4))
+    v = jax.random.normal(keys[2], (2, 32, 3, 4))
+    got = cached_attention(q, k, v, length, 8)
+    assert jnp.allclose(got, _dense(q, k, v, length), atol=1e-5)
+    traced = jax.jit(cached_attention, static_argnums=4)(q, k, v, jnp.int32(length), 8)
+    assert jnp.allclose(traced, got, atol=1e-6)
+
+
+def test_cached_attention_reads_only_the_blocks_it_needs():
+    """Blocks past the current one are never visited: NaN there changes nothing."""
+    q = jnp.ones((1, 2, 4))
+    k = jax.random.normal(jax.random.PRNGKey(1), (1, 64, 2, 4))
+    v = jax.random.normal(jax.random.PRNGKey(2), (1, 64, 2, 4))
+    length = 20                                   # blocks 0..2 of 8 are visited
+    poisoned = (k.at[:, 24:].set(jnp.nan), v.at[:, 24:].set(jnp.nan))
+    got = jax.jit(cached_attention, static_argnums=4)(q, *poisoned, jnp.int32(length), 8)
+    assert jnp.isfinite(got).all()
+    assert jnp.allclose(got, _dense(q, k, v, length), atol=1e-5)
+
+
+@pytest.mark.parametrize("step_block", [1, 4, 5, 64])
+def test_step_equals_parallel_mode_for_any_block(step_block):
+    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, max_len=12,
+                                step_block=step_block)
+    u = jax.random.normal(jax.random.PRNGKey(3), (2, 12, 8))
+    layer.init_cache(2)
+    steps = jnp.stack([layer.step(u[:, t]) for t in range(12)], 1)
+    assert jnp.allclose(steps, layer(u), atol=1e-4)
+
+
+def test_cached_attention_checks_block():
+    with pytest.raises(ValueError, match="multiple of block"):
+        cached_attention(jnp.ones((1, 1, 2)), jnp.ones((1, 10, 1, 2)), jnp.ones((1, 10, 1, 2)), 3, 4)
+    with pytest.raises(ValueError, match="step_block"):
+        CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, step_block=0)
