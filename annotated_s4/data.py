@@ -23,7 +23,7 @@ __all__ = [
     "DIGIT_LEVELS",
     "load_digits_sequences",
     "load_text_corpus",
-    "batches",
+    "text_windows",
     "MNIST_FILES",
     "MNIST_SHA256",
     "MNIST_MIRRORS",
@@ -91,10 +91,14 @@ def load_digits_sequences(side=8, test_fraction=0.2, seed=0, quantize=False):
 def load_text_corpus(valid_fraction=0.1):
     """Character-level text from the Python docs that ship with Python.
 
-    Returns a dict with ``train`` and ``valid`` int32 arrays of character ids
-    and ``vocab``, the sorted list of characters. The split is by position:
-    the last ``valid_fraction`` of the text is held out.
+    Returns a dict with ``train`` and ``valid`` int32 arrays of character ids,
+    ``vocab``, the sorted list of characters, and ``sha256``, the hash of the
+    text (it changes with the Python version: a model trained on one text is
+    checked against it). The split is by position: the last
+    ``valid_fraction`` of the text is held out.
     """
+    import hashlib
+
     import pydoc_data.topics
 
     if not 0.0 < valid_fraction < 1.0:
@@ -105,17 +109,16 @@ def load_text_corpus(valid_fraction=0.1):
     index = {ch: i for i, ch in enumerate(vocab)}
     ids = np.array([index[ch] for ch in text], dtype=np.int32)
     cut = int(len(ids) * (1 - valid_fraction))
-    return {"train": ids[:cut], "valid": ids[cut:], "vocab": vocab}
+    return {"train": ids[:cut], "valid": ids[cut:], "vocab": vocab,
+            "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
-def batches(rng, n, batch_size):
-    """Endless shuffled mini-batch index arrays over range(n) (epoch by epoch)."""
-    if batch_size < 1 or batch_size > n:
-        raise ValueError(f"batch_size must lie in [1, {n}], got {batch_size}")
-    while True:
-        order = rng.permutation(n)
-        for start in range(0, n - batch_size + 1, batch_size):
-            yield order[start:start + batch_size]
+def text_windows(ids, n, L, rng):
+    """n windows of L consecutive characters from ids, at random starts: (n, L)."""
+    if len(ids) <= L:
+        raise ValueError(f"the text ({len(ids)} characters) must be longer than L = {L}")
+    starts = rng.integers(0, len(ids) - L, size=n)
+    return np.stack([ids[s:s + L] for s in starts])
 
 
 # --- Synthetic recall tasks (H3, chapter 7) ----------------------------------

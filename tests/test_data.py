@@ -69,13 +69,18 @@ def test_text_corpus():
         data.load_text_corpus(valid_fraction=0.0)
 
 
-def test_batches_cover_an_epoch_without_repeats():
-    rng = np.random.default_rng(0)
-    it = data.batches(rng, 10, 5)
-    first_epoch = np.concatenate([next(it), next(it)])
-    assert sorted(first_epoch) == list(range(10))
-    with pytest.raises(ValueError, match="batch_size"):
-        next(data.batches(rng, 10, 11))
+def test_text_windows_are_slices_of_the_text():
+    ids = np.arange(100, dtype=np.int32)
+    w = data.text_windows(ids, 5, 10, np.random.default_rng(0))
+    assert w.shape == (5, 10)
+    np.testing.assert_array_equal(np.diff(w, axis=1), 1)  # consecutive characters
+    with pytest.raises(ValueError, match="longer than L"):
+        data.text_windows(ids, 5, 100, np.random.default_rng(0))
+
+
+def test_text_corpus_records_its_hash():
+    d = data.load_text_corpus()
+    assert len(d["sha256"]) == 64 and d["sha256"] == data.load_text_corpus()["sha256"]
 
 
 # --- MNIST loader on a tiny IDX fixture -----------------------------------------

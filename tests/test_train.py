@@ -10,11 +10,12 @@ import sys
 import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
 import annotated_s4.data
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4 import train
+from annotated_s4 import checkpoint, cli, train
 from annotated_s4 import S4DLayer, SSMLayer, StackedModel
 
 TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model", "8",
@@ -22,7 +23,7 @@ TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model",
 
 
 def _args(extra):
-    return train.build_parser().parse_args(TINY + extra)
+    return cli.build_parser().parse_args(TINY + extra)
 
 
 def test_fit_learns_digits():
@@ -64,7 +65,7 @@ def test_evaluate_weights_batches_by_size():
 
 def test_help_lists_the_options(capsys):
     with pytest.raises(SystemExit) as e:
-        train.main(["--help"])
+        cli.main(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
     for option in ("--dataset", "--layer", "--n-layers", "--d-model", "--state-size",
@@ -74,14 +75,14 @@ def test_help_lists_the_options(capsys):
 
 
 def test_registries_are_plain_dicts():
-    assert isinstance(train.DATASETS, dict) and isinstance(train.LAYERS, dict)
-    assert {"digits", "digits-784", "digits-gen"} <= set(train.DATASETS)
-    assert {"ssm", "s4", "s4d"} <= set(train.LAYERS)
+    assert isinstance(cli.DATASETS, dict) and isinstance(cli.LAYERS, dict)
+    assert {"digits", "digits-784", "digits-gen"} <= set(cli.DATASETS)
+    assert {"ssm", "s4", "s4d"} <= set(cli.LAYERS)
 
 
 def test_cli_writes_metrics_and_checkpoint(tmp_path):
     out = tmp_path / "run"
-    metrics = train.main(TINY + ["--steps", "4", "--out", str(out)])
+    metrics = cli.main(TINY + ["--steps", "4", "--out", str(out)])
     saved = json.loads((out / "metrics.json").read_text())
     assert 0.0 <= saved["test_accuracy"] <= 1.0 and saved["steps"] == 4
     assert saved["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
@@ -92,13 +93,13 @@ def test_cli_writes_metrics_and_checkpoint(tmp_path):
 
 def test_generation_dataset_reports_nll(tmp_path):
     out = tmp_path / "gen"
-    train.main(TINY + ["--dataset", "digits-gen", "--steps", "3", "--out", str(out)])
+    cli.main(TINY + ["--dataset", "digits-gen", "--steps", "3", "--out", str(out)])
     saved = json.loads((out / "metrics.json").read_text())
-    assert 0.0 < saved["test_nll"] < 10.0
+    assert 0.0 < saved["test_loss"] < 10.0
 
 
 def test_resume_continues_exactly(tmp_path, monkeypatch):
-    straight = train.run(_args(["--steps", "6", "--out", str(tmp_path / "a")]), log=None)
+    straight = cli.run(_args(["--steps", "6", "--out", str(tmp_path / "a")]), log=None)
 
     original, calls = train.train_step, [0]
 
@@ -110,10 +111,10 @@ def test_resume_continues_exactly(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train, "train_step", crash_at_step_5)
     with pytest.raises(KeyboardInterrupt):
-        train.run(_args(["--steps", "6", "--ckpt-every", "2", "--out", str(tmp_path / "b")]),
+        cli.run(_args(["--steps", "6", "--ckpt-every", "2", "--out", str(tmp_path / "b")]),
                   log=None)
     monkeypatch.setattr(train, "train_step", original)
-    resumed = train.run(_args(["--steps", "6", "--ckpt-every", "2", "--resume",
+    resumed = cli.run(_args(["--steps", "6", "--ckpt-every", "2", "--resume",
                                "--out", str(tmp_path / "b")]), log=None)
     assert resumed["history"]["step"] == list(range(1, 7))
     np.testing.assert_allclose(resumed["history"]["train_loss"],
@@ -125,9 +126,9 @@ def test_resume_continues_exactly(tmp_path, monkeypatch):
 
 
 def test_resume_refuses_a_different_configuration(tmp_path):
-    train.run(_args(["--steps", "2", "--out", str(tmp_path)]), log=None)
+    cli.run(_args(["--steps", "2", "--out", str(tmp_path)]), log=None)
     with pytest.raises(ValueError, match="d_model|does not match|different"):
-        train.run(_args(["--steps", "2", "--d-model", "4", "--resume", "--out",
+        cli.run(_args(["--steps", "2", "--d-model", "4", "--resume", "--out",
                          str(tmp_path)]), log=None)
 
 
@@ -137,17 +138,17 @@ def test_checkpoint_roundtrip_and_mismatch(tmp_path):
         return m, train.make_optimizer(m)
 
     m1, o1 = make(4)
-    train.save_checkpoint(tmp_path, m1, o1, 7, {"note": "x"})
+    checkpoint.save_checkpoint(tmp_path, m1, o1, 7, {"note": "x"})
     m2, o2 = make(4)
     m2.decoder.bias[...] = m2.decoder.bias[...] + 1.0
-    step, extra = train.load_checkpoint(tmp_path, m2, o2)
+    step, extra = checkpoint.load_checkpoint(tmp_path, m2, o2)
     assert step == 7 and extra == {"note": "x"}
     np.testing.assert_array_equal(m1.decoder.bias[...], m2.decoder.bias[...])
     m3, o3 = make(6)
     with pytest.raises(ValueError, match="shape|does not match"):
-        train.load_checkpoint(tmp_path, m3, o3)
+        checkpoint.load_checkpoint(tmp_path, m3, o3)
     with pytest.raises(FileNotFoundError):
-        train.load_checkpoint(tmp_path / "nowhere", m1, o1)
+        checkpoint.load_checkpoint(tmp_path / "nowhere", m1, o1)
 
 
 def test_batch_indices_are_epoch_shuffles():
@@ -160,16 +161,16 @@ def test_batch_indices_are_epoch_shuffles():
 
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="--steps"):
-        train.run(_args(["--steps", "0"]), log=None)
+        cli.run(_args(["--steps", "0"]), log=None)
     with pytest.raises(ValueError, match="--resume"):
-        train.run(_args(["--steps", "1", "--resume"]), log=None)
+        cli.run(_args(["--steps", "1", "--resume"]), log=None)
     with pytest.raises(ValueError, match="divisible"):
-        train.run(_args(["--steps", "1", "--batch-size", "15"]), log=None,
+        cli.run(_args(["--steps", "1", "--batch-size", "15"]), log=None,
                   devices=jax.devices() * 2)  # a 2-"device" mesh needs an even batch
     with pytest.raises(ValueError, match="divisible"):
         train.shard_batch(train.make_mesh(jax.devices() * 2), np.zeros((3, 2)))
     with pytest.raises(SystemExit):
-        train.main(["--layer", "no-such-layer"])
+        cli.main(["--layer", "no-such-layer"])
     for option, value, match in [("--log-every", "0", "--log-every"),
                                  ("--dropout", "1.0", "--dropout"),
                                  ("--dropout", "-0.1", "--dropout"),
@@ -178,16 +179,16 @@ def test_bad_arguments_raise():
                                  ("--n-heads", "0", "--n-heads"),
                                  ("--batch-size", "5000", "training sequences")]:
         with pytest.raises(ValueError, match=match):
-            train.run(_args(["--steps", "1", option, value]), log=None)
+            cli.run(_args(["--steps", "1", option, value]), log=None)
     with pytest.raises(ValueError, match="--seq-len"):
-        train.run(_args(["--steps", "1", "--dataset", "induction-head", "--seq-len", "0"]),
+        cli.run(_args(["--steps", "1", "--dataset", "induction-head", "--seq-len", "0"]),
                   log=None)
 
 
 def test_divergence_is_reported_not_written(tmp_path):
     out = tmp_path / "nan"
     with pytest.raises(SystemExit, match="diverged at step"):
-        train.main(TINY + ["--steps", "3", "--lr", "1e30", "--out", str(out)])
+        cli.main(TINY + ["--steps", "3", "--lr", "1e30", "--out", str(out)])
     assert not (out / "metrics.json").exists()
 
 
@@ -196,12 +197,12 @@ def test_divergence_is_reported_not_written(tmp_path):
                                            ("hybrid", "associative-recall")])
 def test_cli_trains_token_layers_on_recall_tasks(tmp_path, layer, dataset):
     out = tmp_path / f"{layer}-{dataset}"
-    result = train.run(train.build_parser().parse_args(
+    result = cli.run(cli.build_parser().parse_args(
         ["--dataset", dataset, "--layer", layer, "--n-layers", "2", "--d-model", "16",
          "--state-size", "4", "--head-dim", "4", "--n-heads", "2", "--batch-size", "16",
          "--steps", "2", "--out", str(out)]), log=None)
     config = json.loads((out / "config.json").read_text())
-    seq_len, vocab = train.RECALL_DEFAULTS[dataset]  # the paper's task sizes by default
+    seq_len, vocab = cli.RECALL_DEFAULTS[dataset]  # the paper's task sizes by default
     assert (config["seq_len"], config["vocab_size"]) == (seq_len, vocab)
     assert config["head_dim"] == 4 and config["n_heads"] == 2
     assert np.isfinite(json.loads((out / "metrics.json").read_text())["test_loss"])
@@ -219,19 +220,19 @@ def test_cli_trains_token_layers_on_recall_tasks(tmp_path, layer, dataset):
 def test_resume_refuses_other_head_count(tmp_path):
     base = ["--dataset", "associative-recall", "--layer", "attention", "--d-model", "16",
             "--batch-size", "16", "--steps", "2", "--out", str(tmp_path)]
-    train.run(train.build_parser().parse_args(base + ["--n-heads", "2"]), log=None)
+    cli.run(cli.build_parser().parse_args(base + ["--n-heads", "2"]), log=None)
     with pytest.raises(ValueError, match="n_heads"):
-        train.run(train.build_parser().parse_args(base + ["--n-heads", "4", "--resume"]),
+        cli.run(cli.build_parser().parse_args(base + ["--n-heads", "4", "--resume"]),
                   log=None)
 
 
 _PARALLEL = r"""
 import json, sys
 import annotated_s4, jax
-from annotated_s4 import train
+from annotated_s4 import checkpoint, cli, train
 assert len(jax.devices()) == {n}, jax.devices()
-args = train.build_parser().parse_args(sys.argv[1:])
-r = train.run(args, log=None)
+args = cli.build_parser().parse_args(sys.argv[1:])
+r = cli.run(args, log=None)
 x = train.shard_batch(train.make_mesh(), jax.numpy.zeros((16, 2)))
 print(json.dumps({{"loss": r["history"]["train_loss"], "devices": r["devices"],
                   "shards": len(x.addressable_shards), "acc": r["test_accuracy"]}}))
@@ -253,8 +254,69 @@ def test_data_parallel_matches_single_device():
     """The 4-device run needs its own process (the device count is fixed when
     JAX starts); the 1-device run is this process's CPU device."""
     four = _run_on(4)
-    one = train.run(_args(["--steps", "5"]), log=None, devices=jax.devices("cpu")[:1])
+    one = cli.run(_args(["--steps", "5"]), log=None, devices=jax.devices("cpu")[:1])
     assert one["devices"] == 1 and four["devices"] == 4 and four["shards"] == 4
     np.testing.assert_allclose(four["loss"], one["history"]["train_loss"],
                                rtol=1e-5, atol=1e-5)
     assert four["acc"] == pytest.approx(one["test_accuracy"], abs=1e-6)
+
+
+@pytest.mark.parametrize("layer", sorted(cli.LAYERS))
+def test_every_layer_trains_on_every_dataset(tmp_path, layer):
+    """One step of every --layer on every offline --dataset, at tiny sizes and
+    at a --seq-len other than the default."""
+    for dataset, extra in [("digits", []),
+                           ("induction-head", ["--seq-len", "12", "--vocab-size", "6"]),
+                           ("associative-recall", ["--seq-len", "10", "--vocab-size", "4"]),
+                           ("charlm", ["--seq-len", "16"])]:
+        result = cli.run(cli.build_parser().parse_args(
+            ["--dataset", dataset, "--layer", layer, "--n-layers", "2" if layer == "hybrid"
+             else "1", "--d-model", "8",
+             "--state-size", "4", "--head-dim", "4", "--n-heads", "2", "--batch-size", "8",
+             "--steps", "1"] + extra), log=None)
+        assert np.isfinite(result["test_loss"]), (layer, dataset)
+
+
+def test_ssm_params_get_their_own_rate_and_no_decay():
+    """S4's recipe: with ssm_lr, log_step and Lambda/P/B move at ssm_lr and are
+    not decayed; the read-out C moves at lr."""
+    model = StackedModel(functools.partial(S4DLayer, N=4, L=8), 3, 4, 1, rngs=nnx.Rngs(0))
+    seq = model.layers[0].seq
+    before = {k: np.array(getattr(seq, k)[...]) for k in ("log_step", "C")}
+    opt = train.make_optimizer(model, lr=1e-1, weight_decay=0.0, steps=10, ssm_lr=1e-4)
+    x, y = np.random.default_rng(0).normal(size=(4, 8, 1)).astype(np.float32), np.arange(4) % 3
+    train.train_step(model, opt, x, y)
+    # Adam's first step moves every parameter by about its learning rate.
+    assert np.abs(seq.log_step[...] - before["log_step"]).max() < 2e-4
+    assert np.abs(seq.C[...] - before["C"]).max() > 1e-2
+    # No gradient, no decay: with weight decay, only the non-SSM parameters shrink.
+    opt = train.make_optimizer(model, lr=1e-1, weight_decay=1.0, steps=10, ssm_lr=1e-1)
+    before = np.array(seq.log_step[...])
+    grads = jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
+    opt.update(model, grads)
+    np.testing.assert_array_equal(seq.log_step[...], before)
+    with pytest.raises(ValueError, match="--ssm-lr"):
+        cli.run(_args(["--steps", "1", "--ssm-lr", "-1"]), log=None)
+
+
+def test_evaluate_reproduces_a_run_and_names_what_is_wrong(tmp_path, capsys):
+    from annotated_s4 import evaluate
+
+    out = tmp_path / "run"
+    cli.main(TINY + ["--steps", "3", "--out", str(out)])
+    recomputed = evaluate.main([str(out)])
+    recorded = json.loads((out / "metrics.json").read_text())
+    assert recomputed["test_accuracy"] == pytest.approx(recorded["test_accuracy"], abs=1e-6)
+    # A recorded metric the code no longer reproduces: exit status 1, naming the run.
+    (out / "metrics.json").write_text(json.dumps({**recorded, "test_loss": 99.0}))
+    with pytest.raises(SystemExit) as e:
+        evaluate.main([str(out)])
+    assert e.value.code == 1 and "make reference RUN=run" in capsys.readouterr().err
+    # A missing file, or a checkpoint that does not fit the config: a clear error.
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "d_model": 12}))
+    with pytest.raises(SystemExit, match="checkpoint.*does not|shape"):
+        evaluate.main([str(out)])
+    (out / "history.json").unlink()
+    with pytest.raises(SystemExit, match="missing history.json"):
+        evaluate.main([str(out)])

@@ -1,0 +1,131 @@
+"""Checkpoints and run directories, without pickle.
+
+A checkpoint is one .npz file: the leaves of the NNX state of a model (and,
+for a run that may be resumed, of its optimizer) in tree order, each with its
+path in the state tree, plus the step and a JSON string of extra data. Paths
+and shapes are checked on loading, so that a checkpoint written for another
+architecture is refused with a message instead of misread. PRNG keys (dropout
+streams) are stored as their raw key data.
+
+A run directory, as the command line writes it, holds `config.json` (the
+command's options), `history.json` (the learning curve), `metrics.json` (the
+final test metrics) and `checkpoint.npz`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+__all__ = ["CHECKPOINT", "RUN_FILES", "save_checkpoint", "load_checkpoint",
+           "read_checkpoint_info", "read_run", "write_json"]
+
+CHECKPOINT = "checkpoint.npz"
+RUN_FILES = ("config.json", "history.json", "metrics.json", CHECKPOINT)
+
+
+def _path_str(path):
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
+                    for k in path)
+
+
+def _nodes(model, optimizer):
+    return model if optimizer is None else (model, optimizer)
+
+
+def save_checkpoint(directory, model, optimizer=None, step=0, extra=None):
+    """Write the state of `model` (and `optimizer`, if given) and `step` to
+    directory/checkpoint.npz, atomically (a crash leaves the old file)."""
+    os.makedirs(directory, exist_ok=True)
+    leaves = jax.tree_util.tree_leaves_with_path(nnx.state(_nodes(model, optimizer)))
+    arrays, paths = {}, []
+    for i, (path, leaf) in enumerate(leaves):
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        arrays[f"leaf_{i:05d}"] = np.asarray(leaf)
+        paths.append(_path_str(path))
+    arrays["paths"] = np.array(paths, dtype=str)
+    arrays["step"] = np.array(step, dtype=np.int64)
+    arrays["extra"] = np.array(json.dumps(extra or {}))
+    tmp = os.path.join(directory, CHECKPOINT + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, os.path.join(directory, CHECKPOINT))
+
+
+def _checkpoint_path(directory):
+    path = os.path.join(directory, CHECKPOINT)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    return path
+
+
+def read_checkpoint_info(directory):
+    """(step, extra, has_optimizer) of directory/checkpoint.npz, without loading
+    the arrays."""
+    with np.load(_checkpoint_path(directory), allow_pickle=False) as f:
+        has_optimizer = any(str(p).startswith("1/") for p in f["paths"])
+        return int(f["step"]), json.loads(str(f["extra"])), has_optimizer
+
+
+def load_checkpoint(directory, model, optimizer=None):
+    """Restore `model` (and `optimizer`) in place from directory/checkpoint.npz.
+
+    Returns (step, extra). Raises FileNotFoundError if there is no checkpoint
+    and ValueError if it was written for a different model or optimizer.
+    """
+    path = _checkpoint_path(directory)
+    nodes = _nodes(model, optimizer)
+    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(nnx.state(nodes))
+    with np.load(path, allow_pickle=False) as f:
+        paths = [str(p) for p in f["paths"]]
+        expected = [_path_str(p) for p, _ in leaves_with_path]
+        if paths != expected:
+            missing = sorted(set(expected) - set(paths))[:3]
+            raise ValueError(
+                f"checkpoint {path} does not match this model"
+                f"{'' if optimizer is None else '/optimizer'} ({len(paths)} saved "
+                f"arrays, {len(expected)} expected; missing e.g. {missing})")
+        new = []
+        for i, (_, leaf) in enumerate(leaves_with_path):
+            saved = f[f"leaf_{i:05d}"]
+            if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                value = jax.random.wrap_key_data(saved, impl=jax.random.key_impl(leaf))
+            else:
+                if saved.shape != leaf.shape:
+                    raise ValueError(f"checkpoint {path}: array {paths[i]} has shape "
+                                     f"{saved.shape}, the model expects {leaf.shape}")
+                value = jnp.asarray(saved, dtype=leaf.dtype)
+            new.append(jax.device_put(value, leaf.sharding))
+        step = int(f["step"])
+        extra = json.loads(str(f["extra"]))
+    nnx.update(nodes, jax.tree_util.tree_unflatten(treedef, new))
+    return step, extra
+
+
+def write_json(directory, name, obj):
+    with open(os.path.join(directory, name), "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+
+
+def read_run(directory):
+    """The config, history and metrics of a run directory, as dicts; a clear
+    FileNotFoundError naming the first file that is missing."""
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"no run directory at {directory}")
+    for name in RUN_FILES:
+        if not os.path.exists(os.path.join(directory, name)):
+            raise FileNotFoundError(f"run {directory} is missing {name}")
+    out = {}
+    for name in RUN_FILES[:3]:
+        with open(os.path.join(directory, name)) as f:
+            try:
+                out[name[:-5]] = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{os.path.join(directory, name)} is not valid JSON: {e}")
+    return out

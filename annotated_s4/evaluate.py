@@ -1,0 +1,88 @@
+"""Re-evaluate a run directory from its checkpoint.
+
+    python -m annotated_s4.evaluate reference_runs/digits64-s4
+
+rebuilds the model from config.json, loads checkpoint.npz, recomputes the
+test metrics on the test split and prints them as JSON; it exits with status 1
+if one differs from metrics.json by more than the tolerance (1e-4), so that a
+change to the code that moves a trained model's result is noticed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .checkpoint import load_checkpoint, read_run
+from .cli import build_model, build_parser, check_args, load_dataset, test_metrics
+from .train import evaluate
+
+__all__ = ["TOLERANCE", "load_run", "evaluate_run", "compare", "main"]
+
+TOLERANCE = 1e-4
+
+
+def load_run(directory):
+    """(model, data, run) of a run directory: the model built from its config
+    with the checkpoint's weights, the dataset it was trained on, and the
+    run's config/history/metrics dicts."""
+    run = read_run(directory)
+    config = run["config"]
+    args = build_parser().parse_args([])
+    unknown = sorted(set(config) - set(vars(args)) - {"corpus_sha256"})
+    if unknown:
+        raise ValueError(f"{directory}/config.json has options this code does not know: "
+                         f"{unknown}")
+    vars(args).update({k: v for k, v in config.items() if k != "corpus_sha256"})
+    data = load_dataset(check_args(args))
+    if data.get("corpus_sha256", config.get("corpus_sha256")) != config.get("corpus_sha256"):
+        raise ValueError(
+            f"{directory} was trained on a different text (sha256 "
+            f"{config['corpus_sha256'][:12]}...) than this Python's documentation "
+            f"({data['corpus_sha256'][:12]}...): run it with the Python version it "
+            f"was trained on, or retrain it (make reference RUN=<name>)")
+    model = build_model(args, data)
+    load_checkpoint(directory, model)
+    return model, data, run
+
+
+def evaluate_run(directory):
+    """The run's test metrics recomputed from its checkpoint, and the run."""
+    model, data, run = load_run(directory)
+    m = evaluate(model, data["x_test"], data["y_test"])
+    history = {"eval": [m]}
+    return test_metrics(history, data["y_train"] is None), run
+
+
+def compare(recorded, recomputed, tolerance=TOLERANCE):
+    """{name: (recorded, recomputed)} of the metrics that differ by more than
+    `tolerance`."""
+    return {k: (recorded.get(k), v) for k, v in recomputed.items()
+            if recorded.get(k) is None or abs(recorded[k] - v) > tolerance}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m annotated_s4.evaluate",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="a run directory (config.json, checkpoint.npz, metrics.json)")
+    p.add_argument("--tolerance", type=float, default=TOLERANCE)
+    args = p.parse_args(argv)
+    try:
+        metrics, run = evaluate_run(args.run)
+    except (FileNotFoundError, ValueError, TypeError) as e:
+        raise SystemExit(f"error: {e}")
+    print(json.dumps(metrics, indent=1))
+    bad = compare(run["metrics"], metrics, args.tolerance)
+    if bad:
+        for k, (old, new) in bad.items():
+            print(f"{args.run}: {k} was {old}, is now {new}", file=sys.stderr)
+        name = args.run.rstrip("/").split("/")[-1]
+        print(f"the code no longer reproduces this run: if the change is intended, "
+              f"run `make reference RUN={name}`", file=sys.stderr)
+        sys.exit(1)
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
