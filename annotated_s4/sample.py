@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from . import _checks as checks
 from .layers import S4DLayer, S4Layer
 
 __all__ = ["rnn_log_probs", "generate", "generate_cnn"]
@@ -42,44 +43,28 @@ def _sample_step(model, token, key, t, temperature):
     return _draw(logp, key, t, temperature)
 
 
-def _check_model(model):
-    if getattr(model, "classification", True) or getattr(model, "vocab_size", None) is None:
-        raise ValueError(
-            "model must be a next-step token model "
-            "(StackedModel with classification=False and vocab_size set)"
-        )
-
-
-def _check_tokens(x, name, vocab_size):
-    x = jnp.asarray(x)
-    if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"{name} must be integer tokens of shape (batch, L), got "
-                        f"{x.dtype} {x.shape}")
-    if x.size and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
-        raise ValueError(f"{name} must hold tokens in [0, vocab_size) = [0, {vocab_size}), "
-                         f"got values in [{int(x.min())}, {int(x.max())}]")
-    return x
-
-
-def _check_batch_size(batch_size):
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-
-
-def _check_length(model, length):
-    """length must be a positive int, and no more than an S4/S4D layer's L.
+def _check_model(model, length):
+    """A next-step token model, and a length no longer than its S4/S4D layers' L.
 
     Those layers are built for sequences of at most L steps (S4's C~ =
     C (I - Ab^L) defines the kernel for exactly that length), and their CNN
     mode refuses longer inputs; RNN mode must not silently go past them.
     """
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be a positive int, got {length!r}")
-    limits = [block.seq.L for block in getattr(model, "layers", [])
+    if getattr(model, "classification", True) or getattr(model, "vocab_size", None) is None:
+        raise ValueError("model must be a next-step token model "
+                         "(StackedModel with classification=False and vocab_size set)")
+    length = checks.positive_int(length, "length")
+    limits = [block.seq.L for block in model.layers
               if isinstance(getattr(block, "seq", None), (S4Layer, S4DLayer))]
     if limits and length > min(limits):
         raise ValueError(f"length {length} exceeds the model's S4/S4D layer length "
                          f"L = {min(limits)}; build the model with a larger L")
+
+
+def _check_batch_size(batch_size):
+    if batch_size is None:
+        raise ValueError("batch_size is required (or a prefix, whose batch it is)")
+    return checks.positive_int(batch_size, "batch_size")
 
 
 def rnn_log_probs(model, x):
@@ -89,9 +74,8 @@ def rnn_log_probs(model, x):
     output t is the distribution of x[:, t] given x[:, :t], as in ``model(x)``.
     Returns (batch, L, vocab_size).
     """
-    _check_model(model)
-    x = _check_tokens(x, "x", model.vocab_size)
-    _check_length(model, x.shape[1])
+    x = checks.tokens(x, "x", model.vocab_size)
+    _check_model(model, x.shape[1])
     model.eval()
     model.init_cache(x.shape[0])
     token = jnp.full((x.shape[0],), model.start_token, dtype=x.dtype)
@@ -112,12 +96,10 @@ def generate(model, length, *, key, batch_size=None, prefix=None, temperature=1.
     the log-probabilities (0 < temperature; smaller is greedier).
     Returns the tokens, (batch, length) int32.
     """
-    _check_model(model)
-    _check_length(model, length)
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
+    _check_model(model, length)
+    checks.number(temperature, "temperature", low=0.0, low_open=True)
     if prefix is not None:
-        prefix = _check_tokens(prefix, "prefix", model.vocab_size).astype(jnp.int32)
+        prefix = checks.tokens(prefix, "prefix", model.vocab_size).astype(jnp.int32)
         if prefix.shape[1] > length:
             raise ValueError(f"prefix length {prefix.shape[1]} exceeds length {length}")
         if batch_size is not None and batch_size != prefix.shape[0]:
@@ -158,11 +140,9 @@ def generate_cnn(model, length, *, key, batch_size, temperature=1.0):
     causality makes the not-yet-sampled zeros at positions >= t irrelevant to
     output t. This is what generation costs without a recurrent view.
     """
-    _check_model(model)
-    _check_length(model, length)
+    _check_model(model, length)
     _check_batch_size(batch_size)
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
+    checks.number(temperature, "temperature", low=0.0, low_open=True)
     model.eval()
     x = jnp.zeros((batch_size, length), dtype=jnp.int32)
     temperature = jnp.float32(temperature)
