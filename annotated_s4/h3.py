@@ -30,6 +30,8 @@ __all__ = [
     "shift_matrix",
     "shift_kernel",
     "vandermonde",
+    "dft_matrix",
+    "block_fft",
     "causal_conv",
     "ShiftSSM",
     "DiagonalSSM",
@@ -110,6 +112,55 @@ def causal_conv(u, K, axis=1):
     """`ssm.causal_convolution` of u with K along `axis`, by whichever of the
     Toeplitz product (short sequences) and the FFT (long ones) is faster."""
     return causal_convolution(u, K, axis, nofft=u.shape[axis] <= DIRECT_CONV_MAX_LEN)
+
+
+# --- FlashConv's block FFT ----------------------------------------------------
+
+
+def dft_matrix(n, dtype=None):
+    """The n x n DFT matrix F[k, m] = exp(-2 pi i k m / n), so that F @ x = fft(x).
+
+    The exponent k m is reduced mod n first, so every entry is one of the n
+    roots of unity computed to full accuracy.
+    """
+    n = checks.positive_int(n, "n")
+    k = jnp.arange(n)
+    F = jnp.exp(-2j * jnp.pi * ((k[:, None] * k[None, :]) % n) / n)
+    return F if dtype is None else F.astype(dtype)
+
+
+def block_fft(x, n1):
+    """fft(x) along the last axis (length N = n1 n2) as two batches of small DFT
+    matrix products and one twiddle multiplication (Cooley-Tukey, one level).
+
+    Write the input index as m = n2 m1 + m2 and the
+    output index k = k1 + n1 k2 (m1, k1 < n1; m2, k2 < n2). Then
+
+        X[k1 + n1 k2] = sum_m2 w_N^(k1 m2) [sum_m1 x[n2 m1 + m2] w_n1^(k1 m1)] w_n2^(m2 k2)
+
+    with w_M = exp(-2 pi i / M): reshape x to an (n1, n2) table, multiply by
+    the n1 x n1 DFT matrix from the left (n2 DFTs of length n1), multiply
+    elementwise by the twiddle factors w_N^(k1 m2), multiply by the n2 x n2
+    DFT matrix from the right (n1 DFTs of length n2), and read the result out
+    column by column. Two matrix products of O(N (n1 + n2)) work: more
+    arithmetic than the FFT's O(N log N), but all of it in the form that a
+    GPU's tensor cores (and FlashConv) run fastest.
+    """
+    x = checks.array(x, "x", kind="number")
+    n1 = checks.positive_int(n1, "n1")
+    N = x.shape[-1] if x.ndim else 0
+    if x.ndim < 1 or N % n1:
+        raise ValueError(f"n1 must divide the length of x's last axis, got n1 = {n1}, "
+                         f"x of shape {x.shape}")
+    n2 = N // n1
+    ctype = jnp.result_type(x.dtype, jnp.complex64)
+    table = x.reshape(*x.shape[:-1], n1, n2).astype(ctype)             # [m1, m2]
+    k1, m2 = jnp.arange(n1)[:, None], jnp.arange(n2)[None, :]
+    twiddle = jnp.exp(-2j * jnp.pi * ((k1 * m2) % N) / N).astype(ctype)
+    hi = jax.lax.Precision.HIGHEST
+    A = jnp.einsum("km,...mj->...kj", dft_matrix(n1, ctype), table, precision=hi)
+    B = jnp.einsum("...kj,jl->...kl", A * twiddle, dft_matrix(n2, ctype), precision=hi)
+    return jnp.swapaxes(B, -1, -2).reshape(x.shape)                    # X[k1 + n1 k2]
 
 
 # --- Layers --------------------------------------------------------------------

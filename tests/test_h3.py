@@ -323,3 +323,30 @@ def test_vandermonde_checks_its_arguments():
         h3.vandermonde(jnp.ones(3), jnp.ones(3), 0)
     with pytest.raises(TypeError, match="W"):
         h3.vandermonde(jnp.ones(3, int).astype(bool), jnp.ones(3), 4)
+
+
+@pytest.mark.parametrize("N,n1", [(1, 1), (8, 2), (64, 8), (96, 12), (1024, 32), (4096, 64), (60, 60)])
+def test_block_fft_equals_fft_float64(N, n1):
+    from jax import enable_x64
+
+    with enable_x64():
+        rng = np.random.default_rng(N)
+        x = jnp.asarray(rng.normal(size=(3, N)) + 1j * rng.normal(size=(3, N)))
+        ref = jnp.fft.fft(x)
+        got = h3.block_fft(x, n1)
+        assert got.dtype == jnp.complex128
+        assert float(jnp.abs(got - ref).max() / jnp.abs(ref).max()) < 1e-12
+        real = jnp.asarray(rng.normal(size=(N,)))
+        assert float(jnp.abs(h3.block_fft(real, n1) - jnp.fft.fft(real)).max()
+                     / jnp.abs(jnp.fft.fft(real)).max()) < 1e-12
+
+
+def test_dft_matrix_is_the_fft_of_the_identity():
+    assert jnp.allclose(h3.dft_matrix(12), jnp.fft.fft(jnp.eye(12), axis=0), atol=1e-5)
+
+
+def test_block_fft_checks_its_arguments():
+    with pytest.raises(ValueError, match="n1 must divide"):
+        h3.block_fft(jnp.ones(10), 3)
+    with pytest.raises(TypeError, match="n1"):
+        h3.block_fft(jnp.ones(10), 2.0)
