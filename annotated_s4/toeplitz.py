@@ -41,75 +41,120 @@ __all__ = [
 ]
 
 
-def _check_kernel(t, name="t"):
-    t = jnp.asarray(t)
-    if t.ndim not in (1, 2):
-        raise ValueError(f"{name} must have shape (n,) or (n, d), got {t.shape}")
-    if t.shape[0] < 1 or t.size == 0:
+def _kernel(t, name="t"):
+    """Real floating kernel(s) (n,) or (n, d), non-empty and finite."""
+    t = checks.array(t, name, ndim=(1, 2), kind="float")
+    if t.size == 0:
         raise ValueError(f"{name} must be non-empty, got shape {t.shape}")
-    if not jnp.issubdtype(t.dtype, jnp.floating):
-        raise TypeError(f"{name} must be a real floating-point array, got {t.dtype}")
-    if not isinstance(t, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(t))):
-        raise ValueError(f"{name} must be finite (no NaN or inf)")
-    return t
+    return checks.finite(t, name)
+
+
+def _length(n, name="n"):
+    """A positive int; anything else is a ValueError naming `name`."""
+    try:
+        return checks.positive_int(n, name)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive integer, got {n!r}") from None
+
+
+def _decay(decay):
+    """None (no decay) or a Python number gamma in (0, 1]."""
+    return None if decay is None else checks.number(decay, "decay", low=0, high=1,
+                                                    low_open=True)
 
 
 def _check_ssm(lambd, b):
-    lambd, b = jnp.asarray(lambd), jnp.asarray(b)
-    if lambd.ndim not in (1, 2) or lambd.shape[0] < 1:
+    lambd = checks.array(lambd, "lambd", ndim=(1, 2))
+    if lambd.shape[0] < 1:
         raise ValueError(f"lambd must have shape (h,) or (h, d), got {lambd.shape}")
-    if b.ndim not in (1, 2) or b.shape[0] != lambd.shape[0] or (
-            lambd.ndim == 2 and b.shape != lambd.shape):
+    b = checks.array(b, "b", ndim=(1, 2))
+    if b.shape[0] != lambd.shape[0] or (lambd.ndim == 2 and b.shape != lambd.shape):
         raise ValueError(f"b must have shape (h,) or (h, d) matching lambd "
                          f"{lambd.shape}, got {b.shape}")
-    traced = isinstance(lambd, jax.core.Tracer) or isinstance(b, jax.core.Tracer)
-    if not traced and not (bool(jnp.all(jnp.isfinite(lambd)))
-                           and bool(jnp.all(jnp.isfinite(b)))):
-        raise ValueError("lambd and b must be finite (no NaN or inf)")
-    return lambd, b
+    return checks.finite(lambd, "lambd"), checks.finite(b, "b")
 
 
-def _check_length(n, name="n"):
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"{name} must be a positive integer, got {n!r}")
+def _roots(N, dtype):
+    """omega^m = exp(2 pi i m/N), m = 0..N-1, computed in float64 and rounded once
+    to the complex dtype (a constant: N is a shape, known while tracing)."""
+    return jnp.asarray(np.exp(2j * np.pi * np.arange(N) / N), dtype)
 
 
-def etsc(t):
+def _powers(gamma, n, dtype):
+    """gamma^i, i = 0..n-1, in float64 then rounded once to `dtype`."""
+    return jnp.asarray(np.float64(gamma) ** np.arange(n), dtype)
+
+
+def _complex(dtype):
+    return jnp.result_type(dtype, jnp.complex64)
+
+
+def etsc(t, decay=None, half=False):
     """Exact Toeplitz-to-SSM conversion (Algorithm 1 of ETSC).
 
-    t: (n,) or (n, d) real kernel(s). Returns (lambd, b): lambd (n,) complex,
-    the (n+1)-th roots of unity exp(2 pi i k / (n+1)), k = 1..n, shared by
-    every channel; b (n,) or (n, d) complex, so that
-    ``t_i = Re sum_k b_k lambd_k^i`` for 0 <= i < n (in fact for i <= n, where
-    it gives -sum t).
+    t: (n,) or (n, d) real kernel(s). Returns (lambd, b) with
+    ``t_i = Re sum_k b_k lambd_k^i`` for 0 <= i < n (for i = n it gives
+    ``-gamma^n sum_i r_i``, the inclusion equation, and the kernel repeats with
+    period n+1, times gamma^i, beyond).
+
+    lambd_k = gamma * omega^k, omega = exp(2 pi i/(n+1)), k = 1..n, shared by
+    every channel; b (n,) or (n, d) complex. With ``decay=gamma`` in (0, 1] the
+    kernel is read as t_i = gamma^i r_i (TNN's exponential decay) and r is
+    converted, so the SSM decays, and so does its echo beyond lag n.
+
+    ``half=True``: t is real, so b_{n+1-k} = conj(b_k) and lambd too; keep the
+    modes k = 1..ceil(n/2) and double b_k for each conjugate pair (k = (n+1)/2,
+    lambd = -gamma, has no partner and is kept once): the same kernel, half
+    the states.
+
+    The inclusion equation's spike -sum t (about n times the mean) would
+    dominate the FFT's rounding, so the mean is handled in closed form: a
+    constant kernel m has b_k = -m omega^k exactly, and only t - mean(t), which
+    sums to zero and has no spike, goes through the FFT.
     """
-    t = _check_kernel(t)
-    n = t.shape[0]
-    N = n + 1
-    # Inclusion equation: append t_n = -sum t so that the DFT's zero
-    # frequency (the all-ones first row of the Vandermonde matrix) vanishes.
-    t_bar = jnp.concatenate([t, -t.sum(axis=0, keepdims=True)], axis=0)
-    # t_bar_i = (1/N) sum_k T_k w^{ik}, w = exp(2 pi i / N), T = DFT(t_bar), T_0 = 0.
-    b = jnp.fft.fft(t_bar, axis=0)[1:] / N
-    k = jnp.arange(1, N)
-    lambd = jnp.exp(2j * jnp.pi * k / N).astype(b.dtype)
-    return lambd, b
+    t = _kernel(t)
+    gamma = _decay(decay)
+    n, N = t.shape[0], t.shape[0] + 1
+    if gamma is not None:  # r_i = t_i / gamma^i
+        t = t / _powers(gamma, n, t.dtype).reshape((n,) + (1,) * (t.ndim - 1))
+        checks.finite(t, f"t / decay^i (decay = {gamma} is too strong for n = {n})")
+    m = t.mean(axis=0, keepdims=True)
+    r = t - m
+    r_bar = jnp.concatenate([r, -r.sum(axis=0, keepdims=True)], axis=0)  # sums to 0
+    w = _roots(N, _complex(t.dtype))[1:].reshape((n,) + (1,) * (t.ndim - 1))
+    b = jnp.fft.fft(r_bar, axis=0)[1:] / N - m * w  # b_k, k = 1..n
+    lambd = w.reshape(n) * (1.0 if gamma is None else gamma)
+    if half:
+        keep = (n + 1) // 2  # modes 1..ceil(n/2); k = N/2 (n odd) is its own partner
+        pair = (jnp.arange(1, keep + 1) < N - jnp.arange(1, keep + 1))
+        b = b[:keep] * jnp.where(pair, 2.0, 1.0).reshape((keep,) + (1,) * (t.ndim - 1))
+        lambd = lambd[:keep]
+    return lambd.astype(b.dtype), b
 
 
-def _on_etsc_grid(lambd):
-    """True if lambd are exactly the ETSC roots of unity exp(2 pi i k/(h+1)).
-
-    Under jit (lambd a tracer) the values are unknown: returns False, so the
-    checked entry points take their general path."""
-    if isinstance(lambd, jax.core.Tracer):
-        return False
-    h = lambd.shape[0]
-    k = jnp.angle(lambd) * (h + 1) / (2 * jnp.pi)
-    k = jnp.where(k < 0.5, k + (h + 1), k)  # angles in (-pi, pi] -> k in 1..h
-    return bool(
-        jnp.all(jnp.abs(k - jnp.arange(1, h + 1)) < 1e-2)
-        and jnp.all(jnp.abs(jnp.abs(lambd) - 1) < 1e-4)
-    )
+def _etsc_grid(lambd):
+    """(N, gamma) if lambd is an ETSC grid gamma * exp(2 pi i k/N), k = 1..h,
+    full (h = N - 1) or half (h = floor(N/2)); None otherwise, and under jit
+    (a tracer has no values), so the checked entry points take their general
+    path."""
+    if isinstance(lambd, jax.core.Tracer) or lambd.ndim != 1:
+        return None
+    lam = np.asarray(lambd).astype(np.complex128)
+    h, mod = lam.shape[0], np.abs(lam)
+    gamma = float(mod.mean())
+    if not 0 < gamma < 1 + 1e-4 or np.any(np.abs(mod - gamma) > 1e-4 * gamma):
+        return None
+    ang = np.angle(lam)
+    if ang[0] <= 0:
+        return None
+    N = int(round(2 * np.pi / ang[0]))
+    if h not in (N - 1, N // 2):
+        return None
+    k = ang * N / (2 * np.pi)
+    k = np.where(k < 0.5, k + N, k)  # angles in (-pi, pi] -> k in 1..h
+    if np.any(np.abs(k - np.arange(1, h + 1)) > 1e-2):
+        return None
+    return N, (None if abs(gamma - 1) < 1e-6 else gamma)
 
 
 def ssm_to_toeplitz(lambd, b, n):
@@ -121,16 +166,16 @@ def ssm_to_toeplitz(lambd, b, n):
 
     The powers lambd_k^i are where precision goes: a float32 lambd carries a
     relative error ~6e-8 that the i-th power multiplies by i. For the ETSC
-    roots of unity the exponent is known exactly, w^{ik} = w^{(ik mod (h+1))},
-    and the sum over k is an inverse DFT, which computes every phase from the
-    integer ik mod (h+1); we evaluate it that way (O(h log h), exact to the
-    working precision, periodic with period h+1 beyond i = h). Any other lambd
-    is evaluated as exp(i log lambd) chunk by chunk.
+    grid (full, half, decayed or not) the exponent is known exactly,
+    omega^{ik} = omega^{(ik mod N)}, and the sum over k is an inverse DFT, which
+    computes every phase from the integer ik mod N: `etsc_kernel`. Any other
+    lambd is evaluated as exp(i log lambd) chunk by chunk.
     """
     lambd, b = _check_ssm(lambd, b)
-    _check_length(n)
-    if lambd.ndim == 1 and _on_etsc_grid(lambd):
-        return etsc_kernel(b, n)
+    n = _length(n)
+    grid = _etsc_grid(lambd)
+    if grid is not None:
+        return etsc_kernel(b, n, N=grid[0], decay=grid[1])
     bb = b if b.ndim == 2 else b[:, None]
     log_l = jnp.log(lambd if lambd.ndim == 2 else lambd[:, None])  # (h, 1 or d)
 
@@ -144,17 +189,34 @@ def ssm_to_toeplitz(lambd, b, n):
     return out if b.ndim == 2 else out[:, 0]
 
 
-def etsc_kernel(b, n):
-    """t_i = Re sum_k b_k w^{ik}, w = exp(2 pi i/(h+1)), for the ETSC grid, i < n.
+def etsc_kernel(b, n, N=None, decay=None):
+    """t_i = Re sum_k b_k gamma^i omega^{ik}, omega = exp(2 pi i/N), i < n.
 
-    The sum over k is an inverse DFT of (0, b_1..b_h): every phase comes from
-    the integer ik mod (h+1). Periodic with period h+1. No input checks (it is
+    b (h,) or (h, d): full ETSC coefficients (h = N - 1, the default N) or the
+    half-state ones of ``etsc(..., half=True)`` (h = floor(N/2)). The sum over k
+    is an inverse DFT: every phase comes from the integer ik mod N. As in
+    `etsc`, the constant part (b_k = c omega^k, c = -mean) is taken out in
+    closed form before the FFT, so the spike at lag N-1 does not swamp the
+    rounding. Periodic with period N, times gamma^i. No input checks (it is
     called inside jitted layers); `ssm_to_toeplitz` is the checked entry point.
     """
-    N = b.shape[0] + 1
-    spectrum = jnp.concatenate([jnp.zeros_like(b[:1]), b], axis=0)
-    period = (N * jnp.fft.ifft(spectrum, axis=0)).real  # i = 0..h
-    return period[jnp.arange(n) % N]
+    b2 = b if b.ndim == 2 else b[:, None]
+    h = b2.shape[0]
+    N = h + 1 if N is None else N
+    w = _roots(N, b2.dtype)[:, None]
+    if h != N - 1:  # half: rebuild the full conjugate-symmetric spectrum
+        pair = jnp.arange(1, h + 1)[:, None] < N - jnp.arange(1, h + 1)[:, None]
+        half = jnp.where(pair, b2 / 2, b2)
+        mirror = jnp.conj(half[: N - 1 - h][::-1])  # k = h+1..N-1 mirror N-k
+        b2 = jnp.concatenate([half, mirror], axis=0)
+    c = jnp.mean(b2 * jnp.conj(w[1:]), axis=0).real  # -mean of the kernel
+    spectrum = jnp.concatenate([jnp.zeros_like(b2[:1]), b2 - c * w[1:]], axis=0)
+    period = (N * jnp.fft.ifft(spectrum, axis=0)).real  # zero-mean part, i = 0..N-1
+    period = period - c * jnp.where(jnp.arange(N) < N - 1, 1.0, 1.0 - N)[:, None]
+    out = period[jnp.arange(n) % N]
+    if decay is not None:
+        out = out * _powers(decay, n, out.dtype)[:, None]
+    return out if b.ndim == 2 else out[:, 0]
 
 
 def ssm_to_toeplitz_naive(lambd, b, n):
@@ -164,7 +226,7 @@ def ssm_to_toeplitz_naive(lambd, b, n):
     lambd, b = _check_ssm(lambd, b)
     if lambd.ndim != 1:
         raise ValueError(f"lambd must have shape (h,) here, got {lambd.shape}")
-    _check_length(n)
+    n = _length(n)
 
     chunk = 1024  # rows at a time: memory chunk * h, the arithmetic unchanged
     return jnp.concatenate([
@@ -177,7 +239,7 @@ def toeplitz_matvec(t, x):
 
     t (n,) or (n, d); x (n,) or (n, d) (same shape). Zero-padded FFT, O(n log n).
     """
-    t, x = _check_kernel(t), _check_kernel(x, "x")
+    t, x = _kernel(t), _kernel(x, "x")
     if t.shape != x.shape:
         raise ValueError(f"x must have the shape of t, {t.shape}, got {x.shape}")
     n = t.shape[0]
@@ -222,12 +284,8 @@ def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0):
     or (h, d) (one set per channel), losses (steps,) the relative squared error.
     Memory is O(n h d): the Vandermonde tensor is formed at each step.
     """
-    t = _check_kernel(t)
-    _check_length(h, "h")
-    _check_length(steps, "steps")
-    if not isinstance(lr, (int, float, np.floating, np.integer)) or isinstance(lr, bool) \
-            or not np.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
+    t, h, steps = _kernel(t), _length(h, "h"), _length(steps, "steps")
+    lr = checks.number(lr, "lr", low=0, low_open=True, high_open=True)
     squeeze = t.ndim == 1
     t2 = t[:, None] if squeeze else t
     d = t2.shape[1]
@@ -266,7 +324,7 @@ class _Decoder:
         L must be at most n: past its kernel's length the FFT buffer would drop
         the writes, the Cache would see zero taps and the SSM would repeat its
         kernel periodically, each silently wrong, so longer inputs raise."""
-        x = _check_kernel(x, "x")
+        x = _kernel(x, "x")
         x = x[:, None] if x.ndim == 1 else x
         if x.shape[1] != self.d:
             raise ValueError(f"x must have {self.d} channels, got shape {x.shape}")
@@ -282,7 +340,7 @@ class FFTDecoder(_Decoder):
     convolution by FFT for every new token: O(n log n * d) per token."""
 
     def __init__(self, t):
-        t = _check_kernel(t)
+        t = _kernel(t)
         self.t = t[:, None] if t.ndim == 1 else t
         self.n, self.d = self.t.shape
         self.t_hat = jnp.fft.rfft(self.t, 2 * self.n, axis=0)
@@ -304,7 +362,7 @@ class CacheDecoder(_Decoder):
     new output, y_i = sum_{j<=i} t_{i-j} x_j: O(n d) per token, O(n d) memory."""
 
     def __init__(self, t):
-        t = _check_kernel(t)
+        t = _kernel(t)
         self.t = t[:, None] if t.ndim == 1 else t
         self.n, self.d = self.t.shape
         # reversed kernel: t_rev[j] = t[n-1-j], so t_{i-j} = t_rev[n-1-i+j]
@@ -326,18 +384,19 @@ class SSMDecoder(_Decoder):
     """SSM recurrence: x_k <- lambd_k x_k + b_k u, y = Re sum_k x_k: O(h d) per
     token and O(h d) memory, whatever the position in the sequence.
 
-    Built from (lambd, b), e.g. ``etsc(t)``. With ``exact_phase=False`` the
-    state is the literal recurrence above; in float32 it drifts, because the
-    rounding error of every lambd_k (relative ~6e-8) compounds into lambd_k^i.
+    Built from (lambd, b), e.g. ``etsc(t)`` (full, half-state or decayed). With
+    ``exact_phase=False`` the state is the literal recurrence above; in float32
+    it drifts, because the rounding error of every lambd_k (relative ~6e-8)
+    compounds into lambd_k^i.
 
-    With ``exact_phase=True`` (the default, for lambd on the ETSC grid) the
-    state is kept in the rotating frame z_k = lambd_k^{-i} x_k, which obeys
-    z_k <- z_k + b_k lambd_k^{-i} u_i, and y_i = Re sum_k lambd_k^i z_k. The
-    powers lambd_k^{+-i} are looked up from a table of the h+1 roots of unity at
-    the integer index p_k = ik mod (h+1), carried in the state and advanced by
-    p_k <- (p_k + k) mod (h+1). No power of a rounded number is ever formed, so
-    the error is that of a running sum, not of a compounding product. The cost
-    per token stays O(h d).
+    With ``exact_phase=True`` (the default, for lambd on an ETSC grid
+    gamma * omega^k) the state is kept in the rotating frame z_k = omega^{-ik} x_k,
+    which obeys z_k <- gamma z_k + b_k omega^{-ik} u_i, and
+    y_i = Re sum_k omega^{ik} z_k. The powers omega^{+-ik} are looked up from a
+    table of the N roots of unity at the integer index p_k = ik mod N, carried
+    in the state and advanced by p_k <- (p_k + k) mod N. No power of a rounded
+    root is ever formed, so the error is that of a running (decaying) sum, not
+    of a compounding rotation. The cost per token stays O(h d).
     """
 
     def __init__(self, lambd, b, exact_phase=True):
@@ -345,36 +404,36 @@ class SSMDecoder(_Decoder):
         if lambd.ndim != 1:
             raise ValueError(f"lambd must have shape (h,) (shared by all channels), "
                              f"got {lambd.shape}")
-        if exact_phase and not _on_etsc_grid(lambd):
-            raise ValueError("exact_phase=True needs lambd on the ETSC grid "
-                             "exp(2 pi i k/(h+1)), k = 1..h (pass exact_phase=False)")
-        self._setup(lambd, b, exact_phase)
+        grid = _etsc_grid(lambd)
+        if exact_phase and grid is None:
+            raise ValueError("exact_phase=True needs lambd on an ETSC grid "
+                             "gamma * exp(2 pi i k/N), k = 1..h (pass exact_phase=False)")
+        self._setup(lambd, b, *(grid or (None, None)), exact_phase=exact_phase)
 
     @classmethod
-    def from_etsc(cls, b):
-        """The exact-phase decoder for ETSC coefficients b (h,) or (h, d), with
-        lambd the ETSC grid itself. No value checks, so it can be built inside
-        jit (as `ToeplitzLayer` below does); `SSMDecoder(*etsc(t))` is the
-        checked entry point."""
+    def from_etsc(cls, b, N=None, decay=None):
+        """The exact-phase decoder for ETSC coefficients b (h,) or (h, d) on the
+        grid gamma * exp(2 pi i k/N), k = 1..h (N = h + 1 unless given: pass it
+        for the half-state b). No value checks, so it can be built inside jit
+        (as `ToeplitzLayer` below does); `SSMDecoder(*etsc(t))` is the checked
+        entry point."""
         self = cls.__new__(cls)
-        h = b.shape[0]
-        real = b.real.dtype
-        lambd = jnp.exp(2j * jnp.pi * jnp.arange(1, h + 1).astype(real) / (h + 1))
-        self._setup(lambd.astype(b.dtype), b, True)
+        N = b.shape[0] + 1 if N is None else N
+        lambd = _roots(N, b.dtype)[1:b.shape[0] + 1] * (1.0 if decay is None else decay)
+        self._setup(lambd, b, N, decay, exact_phase=True)
         return self
 
-    def _setup(self, lambd, b, exact_phase):
+    def _setup(self, lambd, b, N, decay, exact_phase):
         self.lambd = lambd
         self.b = b[:, None] if b.ndim == 1 else b
         self.h, self.d = self.b.shape
-        self.n = self.h  # the kernel is exact for lags < h, periodic after h + 1
         self.exact_phase = exact_phase
+        # exact for lags < N - 1 (= h for a full grid), periodic after
+        self.n = self.h if N is None else N - 1
         if exact_phase:
-            N = self.h + 1
-            real = self.b.real.dtype
-            self.k = jnp.arange(1, N, dtype=jnp.int32)
-            m = jnp.arange(N)
-            self.roots = jnp.exp(2j * jnp.pi * m.astype(real) / N).astype(self.b.dtype)
+            self.N, self.gamma = N, (1.0 if decay is None else decay)
+            self.k = jnp.arange(1, self.h + 1, dtype=jnp.int32)
+            self.roots = _roots(N, self.b.dtype)
 
     def init(self):
         z = jnp.zeros((self.h, self.d), self.b.dtype)
@@ -388,10 +447,10 @@ class SSMDecoder(_Decoder):
             state = self.lambd[:, None] * state + self.b * x_t[None, :]
             return state, state.real.sum(axis=0)
         z, p = state
-        w = self.roots[p][:, None]  # lambd_k^i, from the exact integer phase
-        z = z + self.b * jnp.conj(w) * x_t[None, :]
+        w = self.roots[p][:, None]  # omega^{ik}, from the exact integer phase
+        z = self.gamma * z + self.b * jnp.conj(w) * x_t[None, :]
         y = (w * z).real.sum(axis=0)
-        return (z, (p + self.k) % (self.h + 1)), y
+        return (z, (p + self.k) % self.N), y
 
 
 # --------------------------------------------------------------------------
@@ -422,21 +481,24 @@ class ToeplitzLayer(nnx.Module):
         self.t = nnx.Param(0.5 * jax.random.normal(rngs.params(), (H, L)) * envelope)
         self.D = nnx.Param(jnp.ones((H,)))
         self.ssm_b = nnx.data(None)  # (h, H) complex once converted by to_ssm
+        self.ssm_decay = None
         self.cache = nnx.data(None)
 
-    def to_ssm(self, h=None):
-        """Replace the kernel by its exact ETSC diagonal SSM with h >= L states."""
+    def to_ssm(self, h=None, decay=None):
+        """Replace the kernel by its exact ETSC diagonal SSM with h >= L states
+        (lambd = decay * omega^k if a decay is given, see `etsc`)."""
         h = self.L if h is None else h
         if h < self.L:
             raise ValueError(f"h must be at least the kernel length {self.L}, got {h}")
         t = jnp.pad(self.t[...].T, ((0, h - self.L), (0, 0)))  # (h, H)
-        self.ssm_b = nnx.Cache(etsc(t)[1])
+        self.ssm_decay = _decay(decay)
+        self.ssm_b = nnx.Cache(etsc(t, decay=self.ssm_decay)[1])
         return self
 
     def kernel(self, L):
         """The kernel actually applied to a length-L input, shape (H, L)."""
         if self.ssm_b is not None:
-            return etsc_kernel(self.ssm_b[...], L).T
+            return etsc_kernel(self.ssm_b[...], L, decay=self.ssm_decay).T
         t = self.t[...]
         return t[:, :L] if L <= self.L else jnp.pad(t, ((0, 0), (0, L - self.L)))
 
@@ -448,7 +510,7 @@ class ToeplitzLayer(nnx.Module):
         if self.ssm_b is None:  # cache of the last L inputs, oldest first
             self.cache = nnx.Cache(jnp.zeros((batch_size, self.L, self.H)))
             return
-        z, p = SSMDecoder.from_etsc(self.ssm_b[...]).init()  # (h, H), (h,)
+        z, p = SSMDecoder.from_etsc(self.ssm_b[...], decay=self.ssm_decay).init()  # (h, H), (h,)
         self.phase = nnx.Cache(p)  # p_k = ik mod (h+1), shared by the batch
         self.cache = nnx.Cache(jnp.broadcast_to(z, (batch_size,) + z.shape))
 
@@ -460,7 +522,7 @@ class ToeplitzLayer(nnx.Module):
             y = jnp.einsum("blh,hl->bh", buf, self.t[...][:, ::-1])
             return y + self.D[...] * u_t
         # the exact-phase recurrence of toeplitz.SSMDecoder, mapped over the batch
-        dec = SSMDecoder.from_etsc(self.ssm_b[...])
+        dec = SSMDecoder.from_etsc(self.ssm_b[...], decay=self.ssm_decay)
         (z, p), y = jax.vmap(dec.step, in_axes=((0, None), 0), out_axes=((0, None), 0))(
             (self.cache[...], self.phase[...]), u_t)
         self.cache[...], self.phase[...] = z, p

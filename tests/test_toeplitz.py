@@ -139,7 +139,7 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError):
         fit_toeplitz_gradient(kernel(8), 0)
     with pytest.raises(ValueError):
-        SSMDecoder(0.5 * lambd, b)  # exact phase needs the ETSC grid
+        SSMDecoder(lambd * jnp.exp(0.3j), b)  # exact phase needs an ETSC grid
     with pytest.raises(ValueError):
         FFTDecoder(kernel(8, 2)).decode(jnp.ones((8, 3)))
     with pytest.raises(ValueError, match="n must be a positive integer"):
@@ -211,3 +211,100 @@ def test_toeplitz_layer_modes_and_conversion():
         model.layers[0].seq.to_ssm(8)
     with pytest.raises(ValueError):
         ToeplitzLayer(4, 0, rngs=nnx.Rngs(0))
+
+
+# ---------------------------------------------------------------- any kernel, decay, half
+
+def kinds(n, seed=0, dtype=jnp.float32):
+    """The kernel kinds the float32 bound must hold for."""
+    k = jax.random.PRNGKey(seed)
+    i = jnp.arange(n, dtype=dtype)
+    return {
+        "uniform [0, 10)": jax.random.uniform(k, (n,), dtype, maxval=10.0),  # large mean
+        "white noise": jax.random.normal(k, (n,), dtype),
+        "decaying 0.99^i": 0.99 ** i * (1 + jax.random.uniform(k, (n,), dtype)),
+        "decaying noise": kernel(n, seed=seed, dtype=dtype),
+    }
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_round_trip_float32_any_kernel_n8192(half):
+    for seed in (0, 1):
+        for name, t in kinds(8192, seed).items():
+            err = rel(ssm_to_toeplitz(*etsc(t, half=half), 8192), t)
+            assert err <= 1e-5, (name, seed, err)
+
+
+def test_round_trip_float64_large_mean_and_decayed():
+    with jax.enable_x64(True):
+        for name, t in kinds(8192, dtype=jnp.float64).items():
+            assert rel(ssm_to_toeplitz(*etsc(t), 8192), t) <= 1e-12, name
+            assert rel(ssm_to_toeplitz(*etsc(t, half=True), 8192), t) <= 1e-12, name
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.999, 0.99, 0.9])
+def test_decayed_conversion_exact_then_bounded(gamma):
+    with jax.enable_x64(True):
+        n = 500
+        r = jax.random.uniform(jax.random.PRNGKey(1), (n,), jnp.float64, maxval=10.0)
+        t = gamma ** jnp.arange(n) * r  # TNN: a relative-position kernel times decay
+        lambd, b = etsc(t, decay=gamma)
+        np.testing.assert_allclose(jnp.abs(lambd), gamma, rtol=1e-12)
+        pred = ssm_to_toeplitz(lambd, b, 4 * n)
+        assert rel(pred[:n], t) <= 1e-12
+        # beyond n: gamma^i times the periodic r_bar = (r, -sum r)
+        scale = float(jnp.abs(r).sum())  # max |r_bar|
+        i = jnp.arange(n, 4 * n)
+        assert bool(jnp.all(jnp.abs(pred[n:]) <= (1 + 1e-9) * gamma ** i * scale))
+        np.testing.assert_allclose(pred[n], -gamma ** n * r.sum(), rtol=1e-9)
+        # the general (non-grid) path and the literal powers agree
+        assert rel(ssm_to_toeplitz_naive(lambd, b, n), t) <= 1e-9
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.5, float("nan")])
+def test_bad_decay_raises(bad):
+    with pytest.raises(ValueError, match="decay"):
+        etsc(kernel(16), decay=bad)
+
+
+@pytest.mark.parametrize("n", [255, 256])
+def test_half_state_equals_full(n):
+    """t real => b_{N-k} = conj(b_k): ceil(n/2) modes with 2 b_k give the same
+    kernel and the same decoder outputs as the n modes."""
+    with jax.enable_x64(True):
+        t = kernel(n, 3, dtype=jnp.float64) + 2.0
+        for gamma in (None, 0.99):
+            full, half = etsc(t, decay=gamma), etsc(t, decay=gamma, half=True)
+            assert half[1].shape == ((n + 1) // 2, 3)
+            np.testing.assert_allclose(half[0], full[0][: (n + 1) // 2], rtol=1e-14)
+            kf, kh = ssm_to_toeplitz(*full, 3 * n), ssm_to_toeplitz(*half, 3 * n)
+            assert rel(kh, kf) <= 1e-12
+            x = jax.random.normal(jax.random.PRNGKey(2), (n, 3), jnp.float64)
+            y = toeplitz_matvec(t, x)
+            for exact_phase in (True, False):
+                yf = SSMDecoder(*full, exact_phase=exact_phase).decode(x)
+                yh = SSMDecoder(*half, exact_phase=exact_phase).decode(x)
+                assert rel(yh, yf) <= 1e-10 and rel(yh, y) <= 1e-10
+
+
+def test_decayed_half_decoder_float32():
+    n = 2048
+    t = 0.995 ** jnp.arange(n) * jax.random.normal(jax.random.PRNGKey(3), (n,))
+    x = jax.random.normal(jax.random.PRNGKey(4), (n, 1))
+    y = toeplitz_matvec(t[:, None], x)
+    dec = SSMDecoder(*etsc(t[:, None], decay=0.995, half=True))
+    assert dec.h == n // 2 and dec.n == n
+    assert rel(jax.jit(dec.decode)(x), y) <= 1e-5
+
+
+def test_toeplitz_layer_decayed_conversion():
+    layer = ToeplitzLayer(4, 16, rngs=nnx.Rngs(0))
+    u = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 4))
+    y = layer(u)
+    layer.to_ssm(32, decay=0.9)
+    np.testing.assert_allclose(layer(u), y, atol=1e-4)
+    layer.init_cache(2)
+    out = jnp.stack([layer.step(u[:, i]) for i in range(16)], 1)
+    np.testing.assert_allclose(out, y, atol=1e-4)
+    with pytest.raises(ValueError, match="decay"):
+        layer.to_ssm(32, decay=0.0)
