@@ -1,6 +1,5 @@
 """Tests for annotated_s4.timing: the shared timing helpers."""
 
-import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
 import pytest
 from flax import nnx
 

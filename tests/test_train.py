@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
 import annotated_s4.data
 import jax
 import jax.numpy as jnp

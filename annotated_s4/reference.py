@@ -1,0 +1,155 @@
+"""The book's reference runs: trained models committed under reference_runs/.
+
+Each run is one command of the training CLI (`annotated_s4.cli`), listed in
+`RUNS`; its directory holds config.json, history.json, metrics.json and a
+pickle-free checkpoint.npz.
+
+    python -m annotated_s4.reference train [NAME ...]   # (re)train: make reference [RUN=NAME]
+    python -m annotated_s4.reference check [NAME ...]   # re-evaluate every committed run
+
+`check` exits with status 1 if a run's metrics are no longer reproduced by
+the code, naming the run and the command that retrains it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .checkpoint import write_json
+
+__all__ = ["ROOT", "RUNS", "run_dir", "command", "available", "train", "check", "replay", "main"]
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                    "reference_runs")
+
+# name -> the CLI options that make it (the output directory is added).
+RUNS = {
+    "digits64-s4": ["--dataset", "digits", "--layer", "s4", "--d-model", "64",
+                    "--steps", "1600", "--dropout", "0.2", "--eval-every", "200",
+                    "--log-every", "200"],
+    "digits784-s4": ["--dataset", "digits-784", "--layer", "s4", "--d-model", "64",
+                     "--steps", "800", "--dropout", "0.1", "--eval-every", "100",
+                     "--log-every", "50"],
+    "digits784-s4d": ["--dataset", "digits-784", "--layer", "s4d", "--d-model", "64",
+                      "--steps", "800", "--dropout", "0.1", "--eval-every", "100",
+                     "--log-every", "50"],
+}
+
+
+def run_dir(name, root=None):
+    return os.path.join(root or ROOT, name)
+
+
+def command(name):
+    """The shell command that (re)creates run `name`."""
+    return " ".join(["python -m annotated_s4.cli", *RUNS[name], "--out",
+                     f"reference_runs/{name}"])
+
+
+def _names(names):
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        raise ValueError(f"no reference run named {unknown}; the runs are {sorted(RUNS)}")
+    return list(names) or list(RUNS)
+
+
+def available(root=None):
+    """The names of the finished runs under `root` (metrics.json, written last,
+    is there)."""
+    return [n for n in RUNS if os.path.exists(os.path.join(run_dir(n, root), "metrics.json"))]
+
+
+def train(names=(), root=None, log=print):
+    """Train the runs `names` (default: all) from scratch into their directories."""
+    from .cli import build_parser, run
+
+    for name in _names(names):
+        out = run_dir(name, root)
+        for f in ("checkpoint.npz", "metrics.json", "history.json", "config.json"):
+            if os.path.exists(os.path.join(out, f)):
+                os.remove(os.path.join(out, f))
+        log(f"== {name}: {command(name)}")
+        start = time.perf_counter()
+        run(build_parser().parse_args(RUNS[name] + ["--out", out]), log=log)
+        log(f"== {name}: {time.perf_counter() - start:.0f} s")
+
+
+def check(names=(), root=None, log=print):
+    """Re-evaluate runs from their checkpoints; returns {name: differences}
+    for the runs whose recorded metrics the code no longer reproduces."""
+    from .evaluate import compare, evaluate_run
+
+    failed = {}
+    for name in _names(names) if names else available(root):
+        metrics, run = evaluate_run(run_dir(name, root))
+        bad = compare(run["metrics"], metrics)
+        log(f"{name}: " + ("ok" if not bad else f"differs {bad}"))
+        if bad:
+            failed[name] = bad
+    return failed
+
+
+class _Stop(Exception):
+    pass
+
+
+def replay(name, n_steps=20, root=None):
+    """The training losses of the first `n_steps` steps of run `name`, retrained
+    from its config.json (same initialisation, batches and schedule), beside
+    the losses its history.json recorded: (replayed, recorded)."""
+    from .checkpoint import read_run
+    from .cli import build_model, build_parser, check_args, load_dataset
+    from .train import fit, make_optimizer
+
+    recorded = read_run(run_dir(name, root))
+    args = build_parser().parse_args(RUNS[name])
+    config = recorded["config"]
+    vars(args).update({k: v for k, v in config.items() if k in vars(args)})
+    data = load_dataset(check_args(args))
+    model = build_model(args, data)
+    optimizer = make_optimizer(model, lr=args.lr, weight_decay=args.weight_decay,
+                               steps=args.steps, ssm_lr=args.ssm_lr or None)
+    history = {"step": [], "train_loss": [], "eval": []}
+
+    def stop(step, _):
+        if step == n_steps:
+            raise _Stop
+
+    try:
+        fit(model, data["x_train"], data["y_train"], steps=args.steps,
+            batch_size=args.batch_size, lr=args.lr, seed=args.seed, log=None,
+            optimizer=optimizer, history=history, on_step=stop)
+    except _Stop:
+        pass
+    return history["train_loss"], recorded["history"]["train_loss"][:n_steps]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m annotated_s4.reference",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=["train", "check", "list"])
+    p.add_argument("names", nargs="*", help=f"runs (default: all): {', '.join(RUNS)}")
+    args = p.parse_args(argv)
+    try:
+        if args.action == "list":
+            for name in RUNS:
+                print(command(name))
+        elif args.action == "train":
+            train(args.names)
+        else:
+            failed = check(args.names)
+            if failed:
+                for name in failed:
+                    print(f"{name}: the code no longer reproduces its metrics; if the "
+                          f"change is intended, run `make reference RUN={name}`",
+                          file=sys.stderr)
+                sys.exit(1)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
