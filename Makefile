@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 
 export PYTHONHASHSEED := 0
 
-.PHONY: install notebooks test unit book bench bench-quick clean
+.PHONY: install notebooks test unit book bench bench-quick reference clean
 
 # The virtual environment and the pinned dependencies; redone only when the
 # requirements or the package metadata change.
@@ -44,6 +44,11 @@ book: $(STAMP)
 	rm -rf _build/html
 	$(VENV)/bin/jupyter-book build . --builder html -W --keep-going
 	$(PY) tools/check_site.py _build/html
+
+# Re-create the trained reference runs under reference_runs/ (all, or RUN=name);
+# `python -m annotated_s4.reference list` prints the command of each.
+reference: $(STAMP)
+	$(PY) -m annotated_s4.reference train $(RUN)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
