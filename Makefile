@@ -1,6 +1,7 @@
 # The Annotated S4: every target installs what it needs (a .venv at the root).
 SHELL   := /bin/bash
-PYTHON  ?= python3
+# The book is built and tested with Python 3.11 (pyproject.toml, README, CI).
+PYTHON  ?= python3.11
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
@@ -13,6 +14,8 @@ export PYTHONHASHSEED := 0
 # requirements or the package metadata change.
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), \
+		f"$(VENV) has Python {sys.version.split()[0]}; the book needs 3.11 (PYTHON=python3.11)"'
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
@@ -49,6 +52,20 @@ book: $(STAMP)
 # `python -m annotated_s4.reference list` prints the command of each.
 reference: $(STAMP)
 	$(PY) -m annotated_s4.reference train $(RUN)
+
+# Read and run the chapters interactively: JupyterLab from the .venv, with
+# jupytext, so that the MyST chapters (book/*.md) open as notebooks.
+LAB_STAMP := $(VENV)/.lab-installed
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+
+$(LAB_STAMP): $(STAMP)
+	$(PY) -m pip install -q jupyterlab==4.6.6
+	mkdir -p $(dir $(LAB_SETTINGS))
+	echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}}}' > $(LAB_SETTINGS)
+	touch $(LAB_STAMP)
+
+lab: $(LAB_STAMP)
+	$(VENV)/bin/jupyter lab book
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,7 +1,8 @@
 """Display helpers and figures used by the chapters.
 
 `show(obj)` prints the package's own source for a function or class, so the
-code a reader sees in the book is exactly the code that runs.
+code a reader sees in the book is exactly the code that runs, under a caption
+that names its file and line and links to it in the repository.
 """
 
 from __future__ import annotations
@@ -9,7 +10,12 @@ from __future__ import annotations
 import inspect
 import textwrap
 
-__all__ = ["show", "source", "mass_spring_animation"]
+__all__ = ["show", "source", "source_location", "mass_spring_animation"]
+
+# The repository the book is published from; tests/test_tools.py checks that it
+# is the `repository` of _config.yml (which the launch buttons read).
+REPOSITORY = "https://github.com/annotated-s4/annotated-s4-book"
+BRANCH = "main"
 
 
 def source(obj, dedent=True):
@@ -21,16 +27,32 @@ def source(obj, dedent=True):
     return textwrap.dedent(text) if dedent else text
 
 
+def source_location(obj):
+    """(path, first line, last line) of `obj`'s source, the path relative to the
+    repository root, e.g. ("annotated_s4/ssm.py", 66, 77)."""
+    obj = inspect.unwrap(getattr(obj, "__wrapped__", obj))
+    try:
+        lines, first = inspect.getsourcelines(obj)
+    except (TypeError, OSError) as err:
+        raise TypeError(f"cannot show the source of {obj!r}: {err}") from None
+    module = inspect.getmodule(obj).__name__
+    return module.replace(".", "/") + ".py", first, first + len(lines) - 1
+
+
 def show(*objs):
     """Display the source of one or more objects as a highlighted Python block.
 
-    In a notebook (and in the built book) this renders as Markdown: a fenced
-    ``python`` code block, highlighted by the book's theme.
+    In a notebook (and in the built book) this renders as Markdown: a caption
+    with the file and line, linked to the source in the repository, then a
+    fenced ``python`` code block, highlighted by the book's theme.
     """
     from IPython.display import Markdown, display
 
     for obj in objs:
-        display(Markdown("```python\n" + source(obj).rstrip() + "\n```"))
+        path, first, last = source_location(obj)
+        link = f"{REPOSITORY}/blob/{BRANCH}/{path}#L{first}-L{last}"
+        caption = f"[`{path}:{first}`]({link})"
+        display(Markdown(caption + "\n\n```python\n" + source(obj).rstrip() + "\n```"))
 
 
 def mass_spring_animation(t, u, y, path, frames=50, fps=10, dpi=60):

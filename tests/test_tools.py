@@ -105,3 +105,60 @@ def test_convolution_timings_rows():
     rows = convolution_timings([32, 64], N=4, repeats=1)
     assert [r["L"] for r in rows] == [32, 64]
     assert all(r[k] > 0 for r in rows for k in ("fft_s", "direct_s", "scan_s"))
+
+
+@pytest.mark.parametrize("body,raw", [
+    ("<p>| data | layer | | --- | --- | | a | b |</p>", True),
+    ("<p>|:---|---:|</p>", True),
+    ("<table><tr><th>data</th><td>a</td></tr></table>", False),
+    ("<pre>| --- | --- |</pre>", False),           # a table in a code block is code
+    ("<p>a | b, and --- alone</p>", False),
+])
+def test_check_site_finds_raw_markdown_tables(tmp_path, body, raw):
+    problems = _site(tmp_path, body)
+    assert len(problems) == (1 if raw else 0)
+    assert not raw or "raw text" in problems[0]
+
+
+def test_show_captions_the_source_file_and_line(monkeypatch):
+    import IPython.display
+
+    from annotated_s4 import plotting
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    plotting.show(discretize)
+    text = shown[0].data
+    path, first, last = plotting.source_location(discretize)
+    assert path == "annotated_s4/ssm.py" and first < last
+    lines = (ROOT / path).read_text().splitlines()
+    assert lines[first - 1].startswith("def discretize(")
+    assert text.startswith(f"[`annotated_s4/ssm.py:{first}`]({plotting.REPOSITORY}/blob/main/"
+                           f"annotated_s4/ssm.py#L{first}-L{last})")
+    assert "```python\ndef discretize(" in text
+
+
+def test_show_links_to_the_configured_repository():
+    from annotated_s4 import plotting
+
+    assert plotting.REPOSITORY == notebooks.repository_url()
+
+
+def test_python_version_is_stated_once_and_agrees():
+    """pyproject, README and the CI workflow name the same Python (3.11)."""
+    import re
+    import tomllib
+
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == ">=3.11"
+    assert "Python 3.11" in (ROOT / "README.md").read_text()
+    workflow = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    assert re.search(r"python-version:\s*[\"']?3\.11[\"']?", workflow)
+    assert "bash .ci/run" in workflow
+
+
+def test_colab_install_cell_pins_the_tested_versions():
+    versions = notebooks.pins()
+    source = notebooks.install_cell(notebooks.repository_url()).source
+    for name in notebooks.COLAB_PINS + ("jax",):
+        assert f"{name}=={versions[name]}" in source, name

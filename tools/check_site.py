@@ -6,7 +6,8 @@ Fails (exit 1) if any page shows a traceback or an error output, if an
 image a page references does not exist, if an internal link points to a
 page or anchor that does not exist, or if a chapter page (one built from a
 notebook of book/) has no "open in Colab" link to a notebook that exists in
-the repository.
+the repository, or if a page shows a Markdown table as raw text (a row such as
+`| --- | --- |` outside a code block: a table that was not rendered).
 """
 
 from __future__ import annotations
@@ -27,12 +28,27 @@ ERROR_MARKERS = (
 )
 
 
+# A Markdown table's delimiter row, e.g. "|---|:--:|" or "| --- | --- |".
+RAW_TABLE_ROW = re.compile(r"\|\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)+\|?")
+
+
 class _Page(HTMLParser):
     def __init__(self):
         super().__init__()
         self.ids, self.links, self.images = set(), [], []
+        self.text, self._in_code = [], 0   # visible text outside <pre>/<code>
+
+    def handle_endtag(self, tag):
+        if tag in ("pre", "code", "script", "style") and self._in_code:
+            self._in_code -= 1
+
+    def handle_data(self, data):
+        if not self._in_code:
+            self.text.append(data)
 
     def handle_starttag(self, tag, attrs):
+        if tag in ("pre", "code", "script", "style"):
+            self._in_code += 1
         attrs = dict(attrs)
         if "id" in attrs:
             self.ids.add(attrs["id"])
@@ -86,6 +102,9 @@ def check(site, root=ROOT):
         for marker in ERROR_MARKERS:
             if marker in text:
                 problems.append(f"{rel}: contains {marker!r}")
+        raw = RAW_TABLE_ROW.search(" ".join(page.text))
+        if raw:
+            problems.append(f"{rel}: a Markdown table shown as raw text ({raw.group(0)!r})")
         for src in page.images:
             if src.startswith("data:") or urlparse(src).scheme:
                 continue

@@ -4,8 +4,10 @@
     python tools/notebooks.py --check   exit 1 if any generated notebook is stale
 
 Each generated notebook gets one extra first cell that installs the package
-from the repository when (and only when) it runs in Colab; the repository URL
-is read from _config.yml, the one place it is written down.
+from the repository when (and only when) it runs in Colab, with its
+dependencies pinned to the versions of requirements.txt (the ones the book is
+tested with; jax with its CUDA build when the runtime has a GPU); the
+repository URL is read from _config.yml, the one place it is written down.
 """
 
 from __future__ import annotations
@@ -35,12 +37,33 @@ def chapters():
             yield path
 
 
+# The package's run-time dependencies, pinned in Colab as in requirements.txt.
+COLAB_PINS = ("flax", "optax", "numpy", "scipy", "matplotlib", "seaborn", "celluloid",
+              "pillow", "scikit-learn")
+
+
+def pins():
+    """{name: version} of the exact pins in requirements.txt."""
+    out = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            out[name.strip().lower()] = version.strip()
+    return out
+
+
 def install_cell(url):
+    versions = pins()
+    deps = " ".join(f"{name}=={versions[name]}" for name in COLAB_PINS)
     source = (
-        "# Running in Colab? Install this book's package (annotated_s4) first.\n"
-        "import sys\n"
+        "# Running in Colab? Install this book's package (annotated_s4) first, with the\n"
+        "# dependency versions the book is tested with (JAX's CUDA build on a GPU runtime).\n"
+        "import shutil, sys\n"
         "if \"google.colab\" in sys.modules:\n"
-        f"    %pip install -q \"annotated-s4 @ git+{url}\""
+        f"    jax_pin = \"jax[cuda12]=={versions['jax']}\" if shutil.which(\"nvidia-smi\") "
+        f"else \"jax=={versions['jax']}\"\n"
+        f"    %pip install -q \"annotated-s4 @ git+{url}\" \"{{jax_pin}}\" {deps}"
     )
     return nbformat.v4.new_code_cell(source, metadata={"tags": ["remove-cell"]})
 
