@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 
 export PYTHONHASHSEED := 0
 
-.PHONY: install notebooks test unit book bench bench-quick reference clean
+.PHONY: install notebooks test unit book lab bench bench-quick reference clean
 
 # The virtual environment and the pinned dependencies; redone only when the
 # requirements or the package metadata change.
