@@ -41,12 +41,23 @@ test: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -q tests
 
-# Build the site (executing every chapter; any cell error or Sphinx warning
-# fails), then check it: no tracebacks, every image present, every link resolving.
+# Build the site, then check it: no tracebacks, every image present, every link
+# resolving, no Markdown table left as raw text. Chapters are executed through
+# jupyter-cache (_build/.jupyter_cache): after an edit, only the chapters whose
+# code changed run again. The cache is dropped when the package, the reference
+# runs or the pins are newer than the last complete build, so that every chapter then
+# re-executes; a fresh clone has no cache. Any cell error or Sphinx warning fails.
+CACHE_STAMP := _build/.book-built
+
 book: $(STAMP)
 	rm -rf _build/html
+	@if [ ! -e $(CACHE_STAMP) ] || [ -n "$$(find annotated_s4 reference_runs requirements.txt \
+		-newer $(CACHE_STAMP) -print -quit)" ]; then \
+		echo "no complete build since the package last changed: executing every chapter"; \
+		rm -rf _build/.jupyter_cache; fi
 	$(VENV)/bin/jupyter-book build . --builder html -W --keep-going
 	$(PY) tools/check_site.py _build/html
+	touch $(CACHE_STAMP)
 
 # Re-create the trained reference runs under reference_runs/ (all, or RUN=name);
 # `python -m annotated_s4.reference list` prints the command of each.
