@@ -68,7 +68,8 @@ def mass_spring_animation(t, u, y, path, frames=50, fps=10, dpi=60):
 
     t, u, y = (np.asarray(a) for a in (t, u, y))
     if not (t.shape == u.shape == y.shape and t.ndim == 1):
-        raise ValueError(f"t, u, y must be 1-D of equal length, got {t.shape}, {u.shape}, {y.shape}")
+        raise ValueError(f"t, u, y must be 1-D of equal length, "
+                         f"got {t.shape}, {u.shape}, {y.shape}")
     if frames < 1 or frames > len(t):
         raise ValueError(f"frames must lie in [1, {len(t)}], got {frames}")
     fig, (ax_u, ax_y, ax_m) = plt.subplots(3, 1, figsize=(6, 6))

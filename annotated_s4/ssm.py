@@ -29,37 +29,37 @@ __all__ = [
     "example_mass",
     "example_force",
     "example_ssm",
+    "example_force_jumps",
+    "reference_solution",
 ]
 
 
 # --------------------------------------------------------------------------
-# Checks at the boundary. Inside the functions the data is trusted.
+# The checks are the one-line validators of `_checks`. The two names below are
+# kept for modules that still import them from here.
 # --------------------------------------------------------------------------
 def _check_ssm(A, B, C):
-    A, B, C = jnp.asarray(A), jnp.asarray(B), jnp.asarray(C)
-    if A.ndim != 2 or A.shape[0] != A.shape[1]:
-        raise ValueError(f"A must be a square (N, N) matrix, got shape {A.shape}")
-    N = A.shape[0]
-    if B.shape != (N, 1):
-        raise ValueError(f"B must have shape (N, 1) = ({N}, 1), got {B.shape}")
-    if C.shape != (1, N):
-        raise ValueError(f"C must have shape (1, N) = (1, {N}), got {C.shape}")
-    return A, B, C
+    return checks.ssm(A, B, C)
 
 
 def _check_length(L, name="L"):
-    if isinstance(L, bool) or not isinstance(L, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(L).__name__}")
-    if L < 1:
-        raise ValueError(f"{name} must be a positive length, got {L}")
-    return int(L)
+    return checks.positive_int(L, name)
 
 
 def random_SSM(rng, N):
-    """A random (A, B, C) with shapes (N, N), (N, 1), (1, N)."""
-    N = _check_length(N, "N")
-    a_r, b_r, c_r = jax.random.split(rng, 3)
-    A = jax.random.uniform(a_r, (N, N))
+    """A random stable SSM: A (N, N), B (N, 1), C (1, N).
+
+    A = S - (I + F F^T) / 2 with S skew-symmetric (S = G - G^T) and G, F
+    standard normal / sqrt(N). Its symmetric part -(I + F F^T) / 2 is negative
+    definite, so every eigenvalue of A has real part <= -1/2: the continuous
+    system is stable, and so is its bilinear discretization at every step.
+    B and C are uniform on [0, 1).
+    """
+    N = checks.positive_int(N, "N")
+    g_r, f_r, b_r, c_r = jax.random.split(rng, 4)
+    G = jax.random.normal(g_r, (N, N)) / jnp.sqrt(N)
+    F = jax.random.normal(f_r, (N, N)) / jnp.sqrt(N)
+    A = (G - G.T) - 0.5 * (jnp.eye(N) + F @ F.T)
     B = jax.random.uniform(b_r, (N, 1))
     C = jax.random.uniform(c_r, (1, N))
     return A, B, C
@@ -67,9 +67,8 @@ def random_SSM(rng, N):
 
 def discretize(A, B, C, step):
     """Bilinear (trapezoid / Tustin) discretization with step size `step`."""
-    A, B, C = _check_ssm(A, B, C)
-    if not isinstance(step, jax.core.Tracer) and not np.all(np.asarray(step) > 0):
-        raise ValueError(f"step must be positive, got {step}")
+    A, B, C = checks.ssm(A, B, C)
+    checks.positive(step, "step")
     I = jnp.eye(A.shape[0])
     BL = jnp.linalg.inv(I - (step / 2.0) * A)
     Ab = BL @ (I + (step / 2.0) * A)
@@ -80,14 +79,13 @@ def discretize(A, B, C, step):
 def scan_SSM(Ab, Bb, Cb, u, x0):
     """Run the recurrence x_k = Ab x_{k-1} + Bb u_k, y_k = Cb x_k.
 
-    u has shape (L, 1) and x0 shape (N,). Returns (x_L, y) with y of shape (L, 1).
+    u has shape (L, 1), the inputs u_0 .. u_{L-1}, and x0 shape (N,) is the state
+    before the first input (x_{-1} in chapter 3). Returns (x_{L-1}, y): the
+    last state and the outputs y_0 .. y_{L-1}, shape (L, 1).
     """
-    Ab, Bb, Cb = _check_ssm(Ab, Bb, Cb)
-    u, x0 = jnp.asarray(u), jnp.asarray(x0)
-    if u.ndim != 2 or u.shape[1] != 1:
-        raise ValueError(f"u must have shape (L, 1), got {u.shape}")
-    if x0.shape != (Ab.shape[0],):
-        raise ValueError(f"x0 must have shape (N,) = ({Ab.shape[0]},), got {x0.shape}")
+    Ab, Bb, Cb = checks.ssm(Ab, Bb, Cb)
+    u = checks.array(u, "u", shape=("L", 1))
+    (x0,) = checks.vectors(Ab.shape[0], x0=x0)
 
     def step(x_k_1, u_k):
         x_k = Ab @ x_k_1 + Bb @ u_k
@@ -102,9 +100,7 @@ def run_SSM(A, B, C, u):
 
     u has shape (L,); the output y has shape (L, 1).
     """
-    u = jnp.asarray(u)
-    if u.ndim != 1:
-        raise ValueError(f"u must be a 1-D sequence of shape (L,), got {u.shape}")
+    u = checks.array(u, "u", ndim=1)
     L = u.shape[0]
     N = jnp.asarray(A).shape[0]
     Ab, Bb, Cb = discretize(A, B, C, step=1.0 / L)
@@ -112,15 +108,15 @@ def run_SSM(A, B, C, u):
 
 
 def K_conv(Ab, Bb, Cb, L):
-    """The SSM convolution kernel K = (Cb Bb, Cb Ab Bb, ..., Cb Ab^(L-1) Bb), shape (L,).
+    """The SSM convolution kernel K = (Cb Bb, Cb Ab Bb, ..., Cb Ab^(L-1) Bb), (L,).
 
     Computed the naive way, by applying Ab over and over: v_0 = Bb,
     v_(l+1) = Ab v_l, K_l = Cb v_l. That is O(N^2 L) work in a sequential
     loop, and it inherits every rounding error of the powers Ab^l: the
     computation S4 replaces.
     """
-    Ab, Bb, Cb = _check_ssm(Ab, Bb, Cb)
-    L = _check_length(L)
+    Ab, Bb, Cb = checks.ssm(Ab, Bb, Cb)
+    L = checks.positive_int(L, "L")
 
     def power(v, _):  # v = Ab^l Bb
         return Ab @ v, (Cb @ v).reshape()
@@ -146,7 +142,8 @@ def causal_convolution(u, K, axis=0, nofft=False):
         T = jnp.where(lag >= 0, K[..., jnp.clip(lag, 0, L - 1)], 0.0)  # (..., L, L)
         y = (T @ u[..., None])[..., 0]
     else:
-        y = jnp.fft.irfft(jnp.fft.rfft(u, n=2 * L) * jnp.fft.rfft(K, n=2 * L), n=2 * L)[..., :L]
+        u_f, K_f = jnp.fft.rfft(u, n=2 * L), jnp.fft.rfft(K, n=2 * L)
+        y = jnp.fft.irfft(u_f * K_f, n=2 * L)[..., :L]
     return jnp.moveaxis(y, -1, axis)
 
 
@@ -155,8 +152,7 @@ def causal_convolution(u, K, axis=0, nofft=False):
 # --------------------------------------------------------------------------
 def example_mass(k, b, m):
     """The 2-state SSM of m y'' = u - b y' - k y, state x = (position, velocity)."""
-    if not m > 0:
-        raise ValueError(f"mass m must be positive, got {m}")
+    checks.number(m, "m", low=0, low_open=True)
     A = jnp.array([[0.0, 1.0], [-k / m, -b / m]])
     B = jnp.array([[0.0], [1.0 / m]])
     C = jnp.array([[1.0, 0.0]])
@@ -180,12 +176,54 @@ def example_ssm(L=200, T=5.0, k=40.0, b=5.0, m=1.0):
     Returns (t, u, y): the sample times t_k = k T / L (k = 1..L), the force
     u_k = example_force(t_k) and the position y_k of the discrete SSM.
     """
-    L = _check_length(L)
-    if not T > 0:
-        raise ValueError(f"T must be a positive duration, got {T}")
+    L = checks.positive_int(L, "L")
+    T = checks.number(T, "T", low=0, low_open=True)
     A, B, C = example_mass(k=k, b=b, m=m)
     Ab, Bb, Cb = discretize(A, B, C, step=T / L)
     t = jnp.arange(1, L + 1) * (T / L)
     u = example_force(t)
     _, y = scan_SSM(Ab, Bb, Cb, u[:, None], jnp.zeros((2,)))
     return t, u, y[:, 0]
+
+
+def example_force_jumps(T=5.0):
+    """The times in (0, T) where `example_force` jumps, in increasing order.
+
+    sin(10 t) crosses 1/2 upwards at t = (pi/6 + 2 pi j) / 10 and downwards at
+    t = (5 pi/6 + 2 pi j) / 10, for j = 0, 1, 2, ...
+    """
+    T = checks.number(T, "T", low=0, low_open=True)
+    j = np.arange(int(np.ceil(10 * T / (2 * np.pi))) + 1)
+    up, down = (np.pi / 6 + 2 * np.pi * j) / 10, (5 * np.pi / 6 + 2 * np.pi * j) / 10
+    t = np.concatenate([up, down])
+    return np.sort(t[(t > 0) & (t < T)])
+
+
+def reference_solution(A, B, C, force, t, breaks=(), rtol=1e-11, atol=1e-13):
+    """An accurate y(t) of the continuous SSM x' = A x + B u(t), x(0) = 0, y = C x.
+
+    For checking discretizations: SciPy's 8th-order Dormand-Prince (DOP853)
+    integrates in float64 from one break of the force to the next, so that no
+    step straddles a jump of u (an adaptive method stumbles on jumps). `force`
+    maps a time to u(t); `t` holds the times, in [0, max(t)], at which to
+    return y; `breaks` the times where u jumps. Returns y(t), shape t.shape.
+    """
+    from scipy.integrate import solve_ivp
+
+    checks.ssm(np.asarray(A), np.asarray(B), np.asarray(C))  # shapes; float64 below
+    checks.array(np.asarray(t), "t", ndim=1, kind="real")
+    A, B, C, t = (np.asarray(M, dtype=np.float64) for M in (A, B, C, t))
+    if t.size and t.min() < 0:
+        raise ValueError(f"t must hold times >= 0, got min(t) = {t.min()}")
+    end = float(t.max()) if t.size else 0.0
+    if end == 0:  # no time has passed: the state is still zero
+        return np.zeros_like(t)
+    edges = [0.0, *sorted(float(b) for b in breaks if 0 < b < end), end]
+    x, pieces = np.zeros(A.shape[0]), []
+    for a, z in zip(edges[:-1], edges[1:]):
+        sol = solve_ivp(lambda s, x: A @ x + B[:, 0] * force(s), (a, z), x,
+                        method="DOP853", rtol=rtol, atol=atol, dense_output=True)
+        pieces.append(sol.sol)
+        x = sol.y[:, -1]
+    piece = np.clip(np.searchsorted(edges, t, side="left") - 1, 0, len(pieces) - 1)
+    return np.array([C[0] @ pieces[p](s) for p, s in zip(piece, t)])

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from annotated_s4 import (K_conv, causal_convolution, discretize, example_force, example_mass,
-                          example_ssm, random_SSM, run_SSM, scan_SSM)
+                          example_force_jumps, example_ssm, random_SSM, reference_solution,
+                          run_SSM, scan_SSM)
 
 
 def stable_ssm(N, seed=0):
@@ -186,3 +187,58 @@ def test_example_ssm_shapes_and_bad_input():
     assert float(t[-1]) == pytest.approx(5.0)
     with pytest.raises(ValueError, match="T"):
         example_ssm(L=50, T=0.0)
+
+
+def test_random_SSM_is_stable():
+    for N in [1, 4, 16, 64]:
+        A, _, _ = random_SSM(jax.random.PRNGKey(N), N)
+        sym = np.asarray(A + A.T) / 2
+        assert np.linalg.eigvalsh(sym).max() <= -0.5 + 1e-5      # negative definite
+        assert np.linalg.eigvals(np.asarray(A)).real.max() <= -0.5 + 1e-5
+
+
+def test_scan_returns_last_state():
+    """x0 is x_{-1}; scan_SSM returns x_{L-1}, the state after the last input."""
+    Ab, Bb, Cb = discretize(*stable_ssm(2), 0.1)
+    x_last, _ = scan_SSM(Ab, Bb, Cb, jnp.ones((1, 1)), jnp.zeros(2))
+    np.testing.assert_allclose(x_last, Bb[:, 0], rtol=1e-6)  # x_0 = Bb u_0
+
+
+def test_example_force_jumps():
+    jumps = example_force_jumps(5.0)
+    assert len(jumps) == 16 and np.all(np.diff(jumps) > 0) and 0 < jumps[0] and jumps[-1] < 5.0
+    for tj in jumps:  # the force changes by at least 1/2 across each jump
+        before, after = np.asarray(example_force(jnp.array([tj - 1e-4, tj + 1e-4])))
+        assert abs(after - before) > 0.49
+    with pytest.raises(ValueError, match="T"):
+        example_force_jumps(0.0)
+
+
+def test_reference_solution_matches_closed_form():
+    """x' = -x + u with u = 1 for t >= 0.5: y = 1 - exp(-(t - 0.5)) after the jump."""
+    force = lambda s: float(s >= 0.5)  # noqa: E731
+    t = np.linspace(0.0, 2.0, 41)
+    y = reference_solution([[-1.0]], [[1.0]], [[1.0]], force, t, breaks=[0.5])
+    np.testing.assert_allclose(y, np.where(t >= 0.5, 1 - np.exp(-(t - 0.5)), 0.0), atol=1e-10)
+
+
+def test_reference_solution_oscillator_float64():
+    """A damped oscillator driven by a constant force from t = 0: closed form to 1e-9."""
+    A, B, C = example_mass(40.0, 5.0, 1.0)
+    t = np.linspace(0.0, 3.0, 31)
+    y = reference_solution(A, B, C, lambda s: 1.0, t)
+    w = np.sqrt(40.0 - 2.5 ** 2)
+    exact = (1 - np.exp(-2.5 * t) * (np.cos(w * t) + 2.5 / w * np.sin(w * t))) / 40.0
+    np.testing.assert_allclose(y, exact, atol=1e-9)
+
+
+def test_reference_solution_bad_input():
+    with pytest.raises(ValueError, match="B"):
+        reference_solution(np.eye(2), np.ones((3, 1)), np.ones((1, 2)), lambda s: 0.0, [0.0, 1.0])
+    with pytest.raises(ValueError, match="t"):
+        reference_solution(np.eye(2), np.ones((2, 1)), np.ones((1, 2)), lambda s: 0.0, [-1.0, 1.0])
+
+
+def test_reference_solution_at_time_zero():
+    y = reference_solution(np.eye(2) * -1, np.ones((2, 1)), np.ones((1, 2)), lambda s: 1.0, [0.0])
+    np.testing.assert_array_equal(y, [0.0])
