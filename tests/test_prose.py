@@ -1,0 +1,240 @@
+"""The book's prose talks to the reader, and its numbers come from somewhere.
+
+Over every page of book/*.md, two checks:
+
+1. **No lab notes.** Phrases that speak about the machine the book was built
+   on or the process that built it ("our issue", "the shared CPU", "on this
+   machine", ...) fail. What a reader should expect of their own machine is
+   said once, in the intro, in words none of these phrases match.
+
+2. **No uncomputed numbers.** A number in the prose must come from somewhere
+   the reader can see. The rule, applied to the prose only (code cells and
+   other fenced blocks, math ``$...$``/``$$...$$``, inline code, MyST roles
+   such as ``{glue:text}`` and ``{cite}``, link targets and HTML tags are
+   removed first):
+
+   * a number is a token such as ``64``, ``16,384``, ``0.28`` or ``35%``
+     that is not part of a word or identifier (``float32``, ``H3``, ``x_0``
+     are not numbers);
+   * it is allowed if it is a single digit (``2 layers``, ``chapter 3``);
+   * or if it is a 4-digit year (1900 to 2099);
+   * or if a structural word is among the three words before it (chapter, section, table,
+     figure, part, appendix, equation, algorithm, ...), so ``Section 3.2`` and
+     ``Table 4`` are references, not results;
+   * or if its sentence cites a paper (a ``{cite}`` role), so the number is
+     a published figure, marked as such; a Markdown table's rows count as
+     cited when the paragraph just before the table cites;
+   * or if the same value is written as a number in a code cell of the same
+     page (``L = 2000`` in a cell lets the prose say "2000 steps"): it is a
+     setting the reader sees, not a result;
+   * everything else (a measured time, an error, an accuracy, a count) must
+     come into the text through ``{glue:text}`` from a cell that computes it,
+     or be printed by the cell and not repeated in the prose.
+
+The test names each offending line, so that the fix is easy to find.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted((ROOT / "book").glob("*.md"))
+
+LAB_NOTES = (
+    "our issue", "the issue", "issue tracker", "our tracker",
+    "shared cpu", "shared 2-core", "2-core", "two-core", "shared machine",
+    "machine is shared", "other jobs", "inflated by", "we measured",
+    "on this machine", "this machine", "our machine", "our cpu",
+)
+
+STRUCTURAL = ("chapter", "chapters", "section", "sections", "sec.", "§", "table", "tables",
+              "figure", "figures", "fig.", "part", "parts", "appendix", "equation",
+              "equations", "eq.", "eqs.", "eq", "eqs", "algorithm", "algorithms", "theorem", "lemma", "step")
+
+# Pages whose prose is still being rewritten (issue 14): the check runs and is
+# reported, but does not fail `make test` until the chapter's fix lands.
+PENDING = {
+    "06_s4_in_practice.md": "chapter 6: prose numbers being glued (issue 14)",
+    "07_h3.md": "chapter 7: prose numbers being glued (issue 14)",
+    "08_toeplitz.md": "chapter 8: prose numbers being glued (issue 14)",
+}
+
+NUMBER = re.compile(r"(?<![\w.\\^/#-])(\d+(?:,\d{3})*(?:\.\d+)?)(?![A-Za-wyz_\d])")
+CODE_NUMBER = re.compile(r"(?<![\w.])(\d[\d_]*(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
+def _code_and_prose(text):
+    """(code cell sources, prose lines as (line number, text)) of one page."""
+    lines = text.splitlines()
+    start = 0
+    if lines and lines[0].strip() == "---":       # YAML front matter
+        start = next(i for i in range(1, len(lines)) if lines[i].strip() == "---") + 1
+    code, prose, fence, block = [], [], None, []
+    in_math = False
+    for i in range(start, len(lines)):
+        line, stripped = lines[i], lines[i].strip()
+        if fence:
+            if stripped.startswith(fence) and stripped.strip("`~") == "":
+                code.append("\n".join(block))
+                fence, block = None, []
+            else:
+                block.append(line)
+            continue
+        m = re.match(r"^(`{3,}|~{3,})", stripped)
+        if m:
+            fence = m.group(1)
+            continue
+        if stripped.startswith("$$"):
+            # a display-math block: $$ ... $$ on one line or several
+            if not (in_math is False and stripped.count("$$") >= 2):
+                in_math = not in_math
+            continue
+        if in_math:
+            continue
+        if stripped.startswith(":::"):                # colon fence lines (admonitions)
+            continue
+        prose.append((i + 1, line))
+    return code, prose
+
+
+def _code_numbers(code):
+    values = set()
+    for src in code:
+        for token in CODE_NUMBER.findall(src):
+            try:
+                values.add(float(token.replace("_", "")))
+            except ValueError:
+                pass
+    return values
+
+
+def _strip(sentence):
+    """Remove what is not prose: roles, inline code, inline math, links, HTML."""
+    s = re.sub(r"\{[\w:-]+\}`[^`]*`", " ", sentence)           # {glue:text}`x`, {cite}`k`
+    s = re.sub(r"`[^`]*`", " ", s)                              # inline code
+    s = re.sub(r"\$[^$]*\$", " ", s)                            # inline math
+    s = re.sub(r"\]\([^)]*\)", "] ", s)                         # link targets
+    s = re.sub(r"<[^>]+>", " ", s)                              # HTML tags
+    s = re.sub(r"https?://\S+", " ", s)                         # bare URLs
+    return s
+
+
+def _sentences(prose):
+    """Sentences of the prose, each with the line it starts on. Paragraphs end at
+    blank lines; a heading or a table row is a sentence of its own."""
+    paragraphs, current = [], []
+    for lineno, line in prose:
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "|")):
+            if current:
+                paragraphs.append(current)
+            current = []
+            if stripped:
+                paragraphs.append([(lineno, stripped)])
+            continue
+        current.append((lineno, stripped))
+    if current:
+        paragraphs.append(current)
+    out = []
+    for index, para in enumerate(paragraphs):
+        text, starts = "", []
+        for lineno, line in para:
+            starts.append((len(text), lineno))
+            text += line + " "
+        pos = 0
+        for piece in re.split(r"(?<=[.!?])\s+(?=[A-Z(*])", text):
+            where = text.index(piece, pos)
+            lineno = max(n for off, n in starts if off <= where)
+            out.append((lineno, piece, index))
+            pos = where + len(piece)
+    return out
+
+
+def _allowed(number, text, start, code_values):
+    value = float(number.replace(",", ""))
+    if re.fullmatch(r"\d", number):
+        return True
+    if re.fullmatch(r"(19|20)\d\d", number):
+        return True
+    before = text[:start].lower().split()[-3:]
+    if any(w.strip("([") in STRUCTURAL for w in before):
+        return True
+    return value in code_values
+
+
+def uncomputed_numbers(path):
+    """[(line, number, sentence)] of the numbers the rule above rejects."""
+    code, prose = _code_and_prose(path.read_text())
+    code_values = _code_numbers(code)
+    found, cited, table_cited = [], {}, False
+    for lineno, sentence, para in _sentences(prose):
+        has_cite = "{cite}" in sentence or "{cite:" in sentence
+        cited[para] = cited.get(para, False) or has_cite
+        if sentence.startswith("|"):
+            if table_cited:      # a table of published numbers, cited just above
+                continue
+        else:
+            table_cited = cited[para]
+        if has_cite:
+            continue
+        text = _strip(sentence)
+        for m in NUMBER.finditer(text):
+            if not _allowed(m.group(1), text, m.start(), code_values):
+                found.append((lineno, m.group(1), sentence.strip()[:100]))
+    return found
+
+
+def lab_notes(path):
+    """[(line, phrase, text)] of the lab-note phrases on a page."""
+    found = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        low = line.lower()
+        for phrase in LAB_NOTES:
+            if re.search(r"(?<![\w-])" + re.escape(phrase.strip()) + r"(?![\w-])", low):
+                found.append((lineno, phrase, line.strip()[:100]))
+    return found
+
+
+def _param(path):
+    reason = PENDING.get(path.name)
+    marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
+    return pytest.param(path, id=path.name, marks=marks)
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in PAGES])
+def test_no_lab_notes(path):
+    found = lab_notes(path)
+    assert not found, "lab notes:\n" + "\n".join(f"  {path.name}:{n}: {p!r} in {t}"
+                                                 for n, p, t in found)
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in PAGES])
+def test_every_number_in_the_prose_is_computed_or_cited(path):
+    found = uncomputed_numbers(path)
+    assert not found, ("numbers in the prose that no cell computes (glue them, or cite):\n"
+                       + "\n".join(f"  {path.name}:{n}: {num} in: {s}" for n, num, s in found))
+
+
+def test_the_rule_itself(tmp_path):
+    page = tmp_path / "x.md"
+    page.write_text(
+        "---\nkernelspec: {}\n---\n# 3. Title\n\n"
+        "```{code-cell} ipython3\nL = 2000\nsteps = 1_000\n```\n\n"
+        "We run 2000 steps and 1,000 more, in chapter 12 and Table 14, in 2023.\n"
+        "The error is {glue:text}`err:.2f`, the model float32, the layer H3.\n"
+        "S4 reached 88.1% {cite}`gu2022s4`.\n\nPublished {cite}`gu2022s4`:\n\n"
+        "| task | accuracy |\n|---|---|\n| Path-X | 88.10 |\n\n"
+        "$$\nx = 17.5\n$$\n"
+        "It takes 3.5 seconds and uses 64 states, $N = 64$.\n")
+    found = uncomputed_numbers(page)
+    assert [(num) for _, num, _ in found] == ["3.5", "64"]
+    notes = tmp_path / "y.md"
+    notes.write_text("Timings on this machine were inflated by other jobs.\n"
+                     "Your timings depend on your machine.\n")
+    assert {(n, p) for n, p, _ in lab_notes(notes)} >= {(1, "this machine"), (1, "inflated by"),
+                                                       (1, "other jobs")}
+    assert not [n for n, _, _ in lab_notes(notes) if n == 2]
