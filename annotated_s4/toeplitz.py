@@ -38,6 +38,8 @@ __all__ = [
     "CacheDecoder",
     "SSMDecoder",
     "ToeplitzLayer",
+    "TNNLayer",
+    "SGConvLayer",
 ]
 
 
@@ -527,3 +529,176 @@ class ToeplitzLayer(nnx.Module):
             (self.cache[...], self.phase[...]), u_t)
         self.cache[...], self.phase[...] = z, p
         return y + self.D[...] * u_t
+
+
+class _GeneratedKernelLayer(ToeplitzLayer):
+    """A long convolution whose kernel is *generated* for any length (TNN,
+    SGConv). Subclasses define `raw_kernel(L)` -> (H, L). CNN mode uses it at the
+    input's length; RNN mode, before conversion, is a Cache over the last L
+    inputs (exact for positions < L); `to_ssm` converts raw_kernel(h)."""
+
+    def _init_common(self, H, L):
+        self.H, self.L = checks.positive_int(H, "H"), checks.positive_int(L, "L")
+        self.D = nnx.Param(jnp.ones((H,)))
+        self.ssm_b = nnx.data(None)
+        self.ssm_decay = None
+        self.cache = nnx.data(None)
+
+    @property
+    def t(self):  # the Cache path and to_ssm of ToeplitzLayer read self.t[...]
+        return _Value(self.raw_kernel(self.L))
+
+    def to_ssm(self, h=None, decay=None):
+        """ETSC of the generated kernel's first h lags (h >= 1 any size: the
+        kernel exists at every length), with lambd = decay * omega^k if given."""
+        h = self.L if h is None else checks.positive_int(h, "h")
+        self.ssm_decay = _decay(decay)
+        self.ssm_b = nnx.Cache(etsc(self.raw_kernel(h).T, decay=self.ssm_decay)[1])
+        return self
+
+    def kernel(self, L):
+        if self.ssm_b is not None:
+            return etsc_kernel(self.ssm_b[...], L, decay=self.ssm_decay).T
+        return self.raw_kernel(L)
+
+
+class _Value:
+    def __init__(self, x):
+        self.x = x
+
+    def __getitem__(self, _):
+        return self.x
+
+
+class TNNLayer(_GeneratedKernelLayer):
+    """Toeplitz neural network layer (Qin et al., 2023): the kernel is a relative
+    position encoder times an exponential decay, t_i = gamma^i RPE(i).
+
+    RPE is a small MLP of the relative position i (scaled by 1/L, L the
+    training length): Linear(1, rpe_dim), ReLU, Linear(rpe_dim, rpe_dim),
+    ReLU, Linear(rpe_dim, H). It defines a kernel at every length, which is how
+    TNN extrapolates, and ``to_ssm(h, decay=gamma)`` converts it with its own
+    decay folded into the eigenvalues (lambd = gamma omega^k, as in the ETSC
+    paper's TNN).
+    """
+
+    def __init__(self, H, L, *, rngs: nnx.Rngs, gamma=0.99, rpe_dim=32):
+        self._init_common(H, L)
+        self.gamma = _decay(gamma)
+        self.rpe = nnx.List([nnx.Linear(1, rpe_dim, rngs=rngs),
+                             nnx.Linear(rpe_dim, rpe_dim, rngs=rngs),
+                             nnx.Linear(rpe_dim, H, rngs=rngs)])
+
+    def rpe_values(self, L):
+        """RPE(i) for i = 0..L-1: (L, H)."""
+        z = (jnp.arange(L, dtype=jnp.float32) / self.L)[:, None]
+        for i, lin in enumerate(self.rpe):
+            z = lin(z) if i == 0 else lin(jax.nn.relu(z))
+        return z
+
+    def raw_kernel(self, L):
+        return (self.rpe_values(L) * _powers(self.gamma, L, jnp.float32)[:, None]).T
+
+
+class SGConvLayer(_GeneratedKernelLayer):
+    """SGConv-style layer (Li et al., 2023): the kernel is a concatenation of
+    sub-kernels, sub-kernel s a learned (k, H) kernel upsampled 2^s times
+    (linear interpolation) and scaled by alpha^s, covering lags
+    k(2^s - 1) .. k(2^{s+1} - 1). Enough scales are built to cover `max_len`
+    lags; beyond that the kernel is zero.
+    """
+
+    def __init__(self, H, L, *, rngs: nnx.Rngs, k=16, alpha=0.5, max_len=None):
+        self._init_common(H, L)
+        self.k, self.alpha = checks.positive_int(k, "k"), alpha
+        max_len = 8 * L if max_len is None else max_len
+        S = int(np.ceil(np.log2(max_len / k + 1)))
+        self.w = nnx.Param(jax.random.normal(rngs.params(), (S, k, H)) / np.sqrt(k))
+
+    def raw_kernel(self, L):
+        w, k = self.w[...], self.k
+        pieces = [jax.image.resize(w[s], (k * 2 ** s, self.H), "linear") * self.alpha ** s
+                  for s in range(w.shape[0])]
+        t = jnp.concatenate(pieces, axis=0)
+        t = t[:L] if L <= t.shape[0] else jnp.pad(t, ((0, L - t.shape[0]), (0, 0)))
+        return t.T
+
+
+# --------------------------------------------------------------------------
+# Reference runs: python -m annotated_s4.toeplitz train-tnn --out DIR
+# --------------------------------------------------------------------------
+CHARLM = dict(d_model=64, n_layers=2, seq_len=128, steps=1500, batch_size=32, lr=3e-3,
+              seed=0, valid_windows=256)
+
+
+def charlm_data(seq_len, valid_windows):
+    """Non-overlapping windows of the offline text corpus: train (n, L), valid (m, L)."""
+    from .data import load_text_corpus
+    corpus = load_text_corpus()
+
+    def windows(ids, count=None):
+        w = ids[: len(ids) // seq_len * seq_len].reshape(-1, seq_len)
+        return w if count is None else w[:count]
+    return corpus, windows(corpus["train"]), windows(corpus["valid"], valid_windows)
+
+
+def charlm_model(layer, vocab, d_model, n_layers, seq_len, seed=0, **_):
+    """A StackedModel character LM with TNN or SGConv layers."""
+    from .models import StackedModel
+    cls = {"tnn": TNNLayer, "sgconv": SGConvLayer}[checks.choice(layer, "layer", {"tnn", "sgconv"})]
+    return StackedModel(functools.partial(cls, L=seq_len), d_output=vocab, d_model=d_model,
+                        n_layers=n_layers, rngs=nnx.Rngs(seed), vocab_size=vocab,
+                        classification=False)
+
+
+def valid_loss(model, x):
+    """Mean next-character NLL (nats) of x (batch, L) in CNN mode."""
+    model.eval()
+    logp = model(jnp.asarray(x))
+    return float(-jnp.take_along_axis(logp, jnp.asarray(x)[..., None], axis=-1).mean())
+
+
+def train_charlm(layer, out, **overrides):
+    """Train a TNN or SGConv character LM and write a reference run to `out`."""
+    import json
+    import os
+    import time
+
+    from .checkpoint import save_checkpoint, write_json
+    from .train import fit
+    cfg = {**CHARLM, **overrides, "layer": layer}
+    corpus, x_train, x_valid = charlm_data(cfg["seq_len"], cfg["valid_windows"])
+    model = charlm_model(vocab=len(corpus["vocab"]), **cfg)
+    start = time.perf_counter()
+    history = fit(model, x_train, None, x_valid, None, steps=cfg["steps"],
+                  batch_size=cfg["batch_size"], lr=cfg["lr"], seed=cfg["seed"],
+                  eval_every=max(cfg["steps"] // 10, 1), log_every=100)
+    wall = time.perf_counter() - start
+    os.makedirs(out, exist_ok=True)
+    write_json(out, "config.json", {**cfg, "corpus_sha256": corpus["sha256"]})
+    write_json(out, "history.json", history)
+    metrics = {"valid_loss": valid_loss(model, x_valid), "steps": cfg["steps"],
+               "parameters": int(sum(x.size for x in jax.tree_util.tree_leaves(
+                   nnx.state(model, nnx.Param)))),
+               "seconds_per_step": history["seconds_per_step"], "wall_seconds": wall}
+    write_json(out, "metrics.json", metrics)
+    save_checkpoint(out, model, step=cfg["steps"])
+    print(json.dumps(metrics, indent=1))
+    return model, metrics
+
+
+def _main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="python -m annotated_s4.toeplitz",
+        description="Train a TNN or SGConv character LM on the offline text corpus "
+                    "and write a reference run (config, history, metrics, checkpoint).")
+    parser.add_argument("command", choices=["train-tnn", "train-sgconv"])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=CHARLM["steps"])
+    args = parser.parse_args(argv)
+    train_charlm(args.command.split("-")[1], args.out, steps=args.steps)
+
+
+if __name__ == "__main__":
+    _main()

@@ -4,6 +4,12 @@ Cache and SSM strategies against sequence length, feature dimension, layers).
 
     python benchmarks/bench_toeplitz.py [--quick | --headline]
 
+(``--quick``: reduced sweep, no n = 2048 gradient run, under two minutes on a
+2-core CPU.) The SSM decoders come in two forms, the full n modes (``ssm``)
+and the half-state conversion with n/2 complex modes (``ssm_half``, from
+``etsc(t, half=True)``), which computes the same function; the script prints
+the per-token speed-up of the half form.
+
 Prints tables of medians, writes benchmarks/results/toeplitz.json and
 benchmarks/results/toeplitz_fig2.png, toeplitz_fig3.png. ``--headline`` runs
 only the n = 2048 ETSC-vs-gradient comparison (same d, compilation excluded
@@ -84,9 +90,9 @@ def headline(steps):
 
 
 def fig2(quick, steps=None):
-    ns = [64, 256, 1024, 4096, 8192] if quick else [64, 128, 256, 512, 1024, 2048, 4096, 8192]
-    ds = [64, 1024, 16384] if quick else [64, 256, 1024, 4096, 16384]
-    steps = steps or (100 if quick else 300)
+    ns = [64, 256, 1024, 8192] if quick else [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    ds = [64, 4096] if quick else [64, 256, 1024, 4096, 16384]
+    steps = steps or (50 if quick else 300)
     budget = 2 ** 22 if quick else 2 ** 24  # n * h * d complex entries per step
     out = {"a": [], "b": [], "gradient_a": [], "gradient_b": [], "steps": steps,
            "gradient_budget": budget}
@@ -98,8 +104,8 @@ def fig2(quick, steps=None):
         out["b"].append(run_etsc(2048, d))
         if 2048 * 2048 * d <= budget:
             out["gradient_b"].append(run_gradient(2048, d, steps))
-    # the headline comparison at n = 2048: one channel, the largest that fits
-    out["n2048_single_channel"] = headline(steps)
+    if not quick:  # the headline comparison at n = 2048: one channel, the largest that fits
+        out["n2048_single_channel"] = headline(steps)
     return out
 
 
@@ -114,8 +120,12 @@ def decoder_stack(kind, n, d, layers, h_fixed):
             decs.append(CacheDecoder(t))
         elif kind == "ssm":  # exact: h = n states
             decs.append(SSMDecoder(*etsc(t)))
-        else:  # ssm with a fixed state size: the kernel TRUNCATED to h_fixed lags
+        elif kind == "ssm_half":  # exact, n/2 complex modes (conjugate pairs): same kernel
+            decs.append(SSMDecoder(*etsc(t, half=True)))
+        elif kind == "ssm_fixed":  # a fixed state size: the kernel TRUNCATED to h_fixed lags
             decs.append(SSMDecoder(*etsc(t[:h_fixed])))
+        else:  # ssm_fixed_half: the same, h_fixed/2 complex modes
+            decs.append(SSMDecoder(*etsc(t[:h_fixed], half=True)))
     return decs
 
 
@@ -153,18 +163,18 @@ def per_token(kind, n, d, layers, h_fixed=512, tokens=32):
         [getattr(dec, a) for a in ("t", "t_hat", "t_rev_padded", "b", "roots") if hasattr(dec, a)]))
     return {"kind": kind, "n": n, "d": d, "layers": layers, "seconds_per_token": seconds,
             "kernel_truncation_error": (truncation_error(n, d, h_fixed)
-                                        if kind == "ssm_fixed" else 0.0),
+                                        if kind.startswith("ssm_fixed") else 0.0),
             "state_bytes": state_bytes, "model_bytes": kernel_bytes,
             "temp_bytes": int(getattr(mem, "temp_size_in_bytes", 0) or 0)}
 
 
-KINDS = ["fft", "cache", "ssm", "ssm_fixed"]
+KINDS = ["fft", "cache", "ssm", "ssm_half", "ssm_fixed", "ssm_fixed_half"]
 
 
 def fig3(quick):
-    ns = [256, 1024, 4096, 8192] if quick else [256, 512, 1024, 2048, 4096, 8192, 16384]
-    ds = [16, 64, 256] if quick else [16, 32, 64, 128, 256, 512]
-    ls = [1, 2, 4] if quick else [1, 2, 4, 8]
+    ns = [512, 2048, 8192] if quick else [256, 512, 1024, 2048, 4096, 8192, 16384]
+    ds = [16, 128] if quick else [16, 32, 64, 128, 256, 512]
+    ls = [1, 4] if quick else [1, 2, 4, 8]
     out = {"n": [], "d": [], "layers": [], "h_fixed": 512}
     for n in ns:
         for k in KINDS:
@@ -248,6 +258,17 @@ def main():
             r["ratio_to_ssm_fixed"] = r["seconds_per_token"] / base[r[key]]
         table(rows, ["kind", key, "seconds_per_token", "ratio_to_ssm_fixed", "state_bytes",
                      "temp_bytes", "kernel_truncation_error"])
+    # half the states: n/2 complex modes + 2 Re(...) against the full n modes
+    res["half_speedup"] = {}
+    for key in ("n", "d", "layers"):
+        rows = res["fig3"][key]
+        sec = {(r["kind"], r[key]): r["seconds_per_token"] for r in rows}
+        res["half_speedup"][key] = [
+            {key: x, "exact_full_over_half": sec[("ssm", x)] / sec[("ssm_half", x)],
+             "fixed_full_over_half": sec[("ssm_fixed", x)] / sec[("ssm_fixed_half", x)]}
+            for x in sorted({r[key] for r in rows})]
+        print(f"half-state speed-up (full / half seconds per token) against {key}")
+        table(res["half_speedup"][key], [key, "exact_full_over_half", "fixed_full_over_half"])
     (RESULTS / "toeplitz.json").write_text(json.dumps(res, indent=1))
     plot(res)
     print(f"wrote {RESULTS / 'toeplitz.json'}")

@@ -308,3 +308,31 @@ def test_toeplitz_layer_decayed_conversion():
     np.testing.assert_allclose(out, y, atol=1e-4)
     with pytest.raises(ValueError, match="decay"):
         layer.to_ssm(32, decay=0.0)
+
+
+@pytest.mark.parametrize("name", ["tnn", "sgconv"])
+def test_generated_kernel_layers_modes_and_conversion(name):
+    from annotated_s4.toeplitz import SGConvLayer, TNNLayer
+    cls = {"tnn": TNNLayer, "sgconv": SGConvLayer}[name]
+    layer = cls(4, 16, rngs=nnx.Rngs(0))
+    u = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 4))
+    y = layer(u)
+    assert layer.kernel(40).shape == (4, 40)  # a kernel at any length
+    np.testing.assert_allclose(layer.kernel(40)[:, :16], layer.kernel(16), atol=1e-6)
+
+    def rnn(layer):
+        layer.init_cache(2)
+        return jnp.stack([layer.step(u[:, i]) for i in range(16)], 1)
+
+    np.testing.assert_allclose(rnn(layer), y, atol=1e-4)
+    decay = 0.99 if name == "tnn" else None
+    for h in (16, 24):
+        conv = nnx.clone(layer).to_ssm(h, decay=decay)
+        np.testing.assert_allclose(conv(u), y, atol=1e-4)
+        np.testing.assert_allclose(rnn(conv), y, atol=1e-4)
+    # beyond h the decayed TNN echo is bounded by gamma^i max|r_bar|
+    if name == "tnn":
+        conv = nnx.clone(layer).to_ssm(16, decay=0.99)
+        r = layer.rpe_values(16)
+        bound = 0.99 ** jnp.arange(16, 64) * jnp.abs(r).sum(0).max()
+        assert bool(jnp.all(jnp.abs(conv.kernel(64)[:, 16:]) <= 1.001 * bound))
