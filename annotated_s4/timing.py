@@ -23,7 +23,7 @@ from .ssm import K_conv, discretize
 
 __all__ = ["time_fn", "peak_bytes", "convolution_timings", "layer_scaling", "crossover",
            "KERNELS", "kernel_fns", "layer_kernel_fn", "kernel_scaling", "loglog_slope",
-           "linearity"]
+           "linearity", "generation_throughput"]
 
 
 def time_fn(fn, *args, warmup=1, repeats=5):
@@ -239,3 +239,77 @@ def linearity(slope, tol=0.25):
     if slope < 1.0:
         return "sublinear: fixed per-call costs still dominate at these lengths"
     return "superlinear: worse than linear in L"
+
+
+# --------------------------------------------------------------------------
+# Generation throughput in RNN mode (chapter 7, benchmarks/bench_h3.py)
+# --------------------------------------------------------------------------
+def generation_throughput(models, prompts, n_new, *, batch=8, repeats=3, seed=1, log=None):
+    """Tokens per second of greedy decoding after prompts of several lengths.
+
+    `models` maps a name to a function of max_len that builds a next-token
+    `StackedModel` (with vocab_size) able to hold max_len positions. For every (name, prompt
+    length P): the prompt is fed once in RNN mode (prefill, compiled, not
+    timed); then `n_new` tokens are generated from the state it left, in one
+    compiled `nnx.scan`, starting from that same state every time. The runs
+    go round-robin over all (name, P) pairs, `repeats` + 1 rounds, the first
+    round compiling and not counted, so that a slow period of the machine
+    does not fall on one configuration only. Returns rows with layer, prompt,
+    new_tokens, batch, decode_s (median) and tokens_per_s.
+    """
+    n_new, batch = checks.positive_int(n_new, "n_new"), checks.positive_int(batch, "batch")
+    repeats = checks.positive_int(repeats, "repeats")
+    runs = {}
+    for name, make_model in models.items():
+        for P in prompts:
+            P = checks.positive_int(P, "prompt length")
+            model = make_model(P + n_new + 1)
+            model.eval()
+            model.init_cache(batch)
+            graph, state = nnx.split(model)
+            vocab = model.vocab_size
+            prompt = jax.random.randint(jax.random.PRNGKey(seed), (batch, P), 0, vocab)
+
+            def run_steps(state, first, tokens, graph=graph):
+                """Feed `first` then, if `tokens` is None, feed back the argmax
+                n_new times; else feed `tokens` (batch, T). Returns (state, last)."""
+                model = nnx.merge(graph, state)
+
+                def body(model, tok):
+                    return model, model.step(tok).argmax(-1).astype(jnp.int32)
+
+                def feedback(carry, _):
+                    model, tok = carry
+                    model, nxt = body(model, tok)
+                    return (model, nxt), nxt
+
+                if tokens is None:
+                    (model, last), _ = nnx.scan(
+                        feedback, in_axes=(nnx.Carry, None), out_axes=(nnx.Carry, 0),
+                        length=n_new)((model, first), None)
+                else:
+                    toks = jnp.concatenate([first[:, None], tokens], 1).T
+                    model, out = nnx.scan(body, in_axes=(nnx.Carry, 0),
+                                          out_axes=(nnx.Carry, 0))(model, toks)
+                    last = out[-1]
+                return nnx.state(model), last
+
+            start = jnp.full((batch,), model.start_token, jnp.int32)
+            state, tok = jax.block_until_ready(jax.jit(run_steps)(state, start, prompt))
+            decode = jax.jit(lambda state, tok, f=run_steps: f(state, tok, None)[1])
+            runs[name, P] = (decode, state, tok, [])
+    for round_ in range(repeats + 1):
+        for key, (decode, state, tok, times) in runs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(decode(state, tok))
+            if round_:                                   # round 0 compiles
+                times.append(time.perf_counter() - t0)
+    rows = []
+    for (name, P), (_, _, _, times) in runs.items():
+        seconds = statistics.median(times)
+        rows.append({"layer": name, "prompt": P, "new_tokens": n_new, "batch": batch,
+                     "repeats": repeats, "decode_s": seconds,
+                     "tokens_per_s": batch * n_new / seconds})
+        if log:
+            log(f"  prompt {P:5d} {name:10s} {batch * n_new / seconds:10.0f} tokens/s")
+    return rows
