@@ -17,7 +17,8 @@
    ``--quick``: 7).
 
 Writes benchmarks/results/h3.json (chapter 7 loads the committed copy of the
-full run) and h3_scaling.png. Timings vary with the machine and its load;
+full run) and h3_scaling.png; ``--quick`` writes h3_quick.json and
+h3_quick_scaling.png instead. Timings vary with the machine and its load;
 the ratios are what to compare.
 
     python benchmarks/bench_h3.py [--quick]
@@ -128,7 +129,8 @@ def main(argv=None):
                       "attention_heads": N_HEADS, "layer_batch": 1, "generation_batch": batch,
                       "new_tokens": n_new, "repeats": repeats, "generation_rounds": rounds},
            "layers": rows, "generation": gen, "summary": summary}
-    (RESULTS / "h3.json").write_text(json.dumps(out, indent=1))
+    stem = "h3_quick" if args.quick else "h3"      # a quick run never replaces the full results
+    (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -144,7 +146,7 @@ def main(argv=None):
         ax.set(xlabel="sequence length L", ylabel="seconds", title=f"{title}, d_model {D_MODEL}")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "h3_scaling.png", dpi=100)
+    fig.savefig(RESULTS / f"{stem}_scaling.png", dpi=100)
     return out
 
 
