@@ -36,7 +36,8 @@ from .models import LastTokenModel, StackedModel
 from .train import fit, make_mesh, make_optimizer
 
 __all__ = ["DATASETS", "LAYERS", "RECALL_DEFAULTS", "CHARLM_DEFAULTS", "build_parser",
-           "check_args", "load_dataset", "build_model", "count_params", "run", "main"]
+           "check_args", "load_dataset", "build_model", "count_params", "test_metrics",
+           "args_from_config", "build_optimizer", "run", "main"]
 
 
 # --- Datasets --------------------------------------------------------------------
@@ -288,14 +289,31 @@ def config_of(args, data):
     return config
 
 
-def test_metrics(history, generation):
-    """The final evaluation of a history as the run's metrics: test loss
-    (nats per target), accuracy, and for next-step models bits per token."""
-    final = history["eval"][-1]
-    metrics = {"test_loss": final["loss"], "test_accuracy": final["accuracy"]}
+def test_metrics(evaluation, generation):
+    """An evaluation (`train.evaluate`'s loss and accuracy) as a run's metrics:
+    test loss (nats per target), accuracy, and for next-step models bits per
+    token."""
+    metrics = {"test_loss": evaluation["loss"], "test_accuracy": evaluation["accuracy"]}
     if generation:
-        metrics["test_bits_per_token"] = final["loss"] / np.log(2)
+        metrics["test_bits_per_token"] = evaluation["loss"] / np.log(2)
     return metrics
+
+
+def args_from_config(config, directory):
+    """The parsed arguments that a run's config.json records (checked)."""
+    args = build_parser().parse_args([])
+    unknown = sorted(set(config) - set(vars(args)) - {"corpus_sha256"})
+    if unknown:
+        raise ValueError(f"{directory}/config.json has options this code does not know: "
+                         f"{unknown}")
+    vars(args).update({k: v for k, v in config.items() if k != "corpus_sha256"})
+    return check_args(args)
+
+
+def build_optimizer(args, model):
+    """The optimiser `args` describe (S4's parameter groups unless --ssm-lr 0)."""
+    return make_optimizer(model, lr=args.lr, weight_decay=args.weight_decay,
+                          steps=args.steps, ssm_lr=args.ssm_lr or None)
 
 
 def run(args, log=print, devices=None):
@@ -311,8 +329,7 @@ def run(args, log=print, devices=None):
                          f"number of devices ({n_dev})")
     data = load_dataset(args)
     model = build_model(args, data)
-    optimizer = make_optimizer(model, lr=args.lr, weight_decay=args.weight_decay,
-                               steps=args.steps, ssm_lr=args.ssm_lr or None)
+    optimizer = build_optimizer(args, model)
     config = config_of(args, data)
     history = None
     if args.out and args.resume and os.path.exists(os.path.join(args.out, CHECKPOINT)):
@@ -339,7 +356,7 @@ def run(args, log=print, devices=None):
                   steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                   eval_every=args.eval_every, log=log, log_every=args.log_every,
                   optimizer=optimizer, mesh=mesh, history=history, on_step=checkpoint)
-    metrics = {**test_metrics(history, data["y_train"] is None), "steps": args.steps,
+    metrics = {**test_metrics(history["eval"][-1], data["y_train"] is None), "steps": args.steps,
                "parameters": n_params, "devices": n_dev,
                "seconds_per_step": history.pop("seconds_per_step"),
                "wall_seconds": time.perf_counter() - start}

@@ -15,7 +15,7 @@ import json
 import sys
 
 from .checkpoint import load_checkpoint, read_run
-from .cli import build_model, build_parser, check_args, load_dataset, test_metrics
+from .cli import args_from_config, build_model, load_dataset, test_metrics
 from .train import evaluate
 
 __all__ = ["TOLERANCE", "load_run", "evaluate_run", "compare", "main"]
@@ -29,13 +29,8 @@ def load_run(directory):
     run's config/history/metrics dicts."""
     run = read_run(directory)
     config = run["config"]
-    args = build_parser().parse_args([])
-    unknown = sorted(set(config) - set(vars(args)) - {"corpus_sha256"})
-    if unknown:
-        raise ValueError(f"{directory}/config.json has options this code does not know: "
-                         f"{unknown}")
-    vars(args).update({k: v for k, v in config.items() if k != "corpus_sha256"})
-    data = load_dataset(check_args(args))
+    args = args_from_config(config, directory)
+    data = load_dataset(args)
     if data.get("corpus_sha256", config.get("corpus_sha256")) != config.get("corpus_sha256"):
         raise ValueError(
             f"{directory} was trained on a different text (sha256 "
@@ -50,9 +45,8 @@ def load_run(directory):
 def evaluate_run(directory):
     """The run's test metrics recomputed from its checkpoint, and the run."""
     model, data, run = load_run(directory)
-    m = evaluate(model, data["x_test"], data["y_test"])
-    history = {"eval": [m]}
-    return test_metrics(history, data["y_train"] is None), run
+    evaluation = evaluate(model, data["x_test"], data["y_test"])
+    return test_metrics(evaluation, data["y_train"] is None), run
 
 
 def compare(recorded, recomputed, tolerance=TOLERANCE):

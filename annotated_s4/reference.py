@@ -101,17 +101,15 @@ def replay(name, n_steps=20, root=None):
     from its config.json (same initialisation, batches and schedule), beside
     the losses its history.json recorded: (replayed, recorded)."""
     from .checkpoint import read_run
-    from .cli import build_model, build_parser, check_args, load_dataset
-    from .train import fit, make_optimizer
+    from .cli import args_from_config, build_model, build_optimizer, load_dataset
+    from .train import fit
 
-    recorded = read_run(run_dir(name, root))
-    args = build_parser().parse_args(RUNS[name])
-    config = recorded["config"]
-    vars(args).update({k: v for k, v in config.items() if k in vars(args)})
-    data = load_dataset(check_args(args))
+    directory = run_dir(name, root)
+    recorded = read_run(directory)
+    args = args_from_config(recorded["config"], directory)
+    data = load_dataset(args)
     model = build_model(args, data)
-    optimizer = make_optimizer(model, lr=args.lr, weight_decay=args.weight_decay,
-                               steps=args.steps, ssm_lr=args.ssm_lr or None)
+    optimizer = build_optimizer(args, model)
     history = {"step": [], "train_loss": [], "eval": []}
 
     def stop(step, _):
