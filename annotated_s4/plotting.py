@@ -10,12 +10,29 @@ from __future__ import annotations
 import inspect
 import textwrap
 
-__all__ = ["show", "source", "source_location", "mass_spring_animation"]
+__all__ = ["show", "glue", "source", "source_location", "mass_spring_animation"]
 
 # The repository the book is published from; tests/test_tools.py checks that it
 # is the `repository` of _config.yml (which the launch buttons read).
 REPOSITORY = "https://github.com/annotated-s4/annotated-s4-book"
 BRANCH = "main"
+
+
+def glue(name, value, display=True):
+    """myst-nb's `glue`, for the {glue:text} roles of a page's prose.
+
+    NumPy scalars are glued as the Python numbers they hold (myst-nb formats
+    text/plain, where np.float64(0.5) is not a number). Outside a book build
+    (Colab, plain Jupyter without myst-nb) it does nothing: glue only feeds
+    the page's text.
+    """
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return
+    import numpy as np
+
+    myst_glue(name, value.item() if isinstance(value, np.generic) else value, display=display)
 
 
 def source(obj, dedent=True):

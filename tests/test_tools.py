@@ -162,3 +162,17 @@ def test_colab_install_cell_pins_the_tested_versions():
     source = notebooks.install_cell(notebooks.repository_url()).source
     for name in notebooks.COLAB_PINS + ("jax",):
         assert f"{name}=={versions[name]}" in source, name
+
+
+def test_glue_passes_numpy_scalars_as_python_numbers(monkeypatch):
+    """myst-nb formats text/plain: np.float64(0.5) must reach it as 0.5."""
+    import myst_nb
+    import numpy as np
+
+    from annotated_s4.plotting import glue
+
+    seen = []
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: seen.append(value))
+    glue("a", np.float64(0.5), display=False)
+    glue("b", "text", display=False)
+    assert seen == [0.5, "text"] and type(seen[0]) is float
