@@ -38,11 +38,17 @@ def _nodes(model, optimizer):
     return model if optimizer is None else (model, optimizer)
 
 
+def _state(nodes):
+    """The state a checkpoint keeps: everything but RNN-mode caches (which
+    `init_cache` rebuilds from the parameters)."""
+    return nnx.state(nodes, nnx.Not(nnx.Cache))
+
+
 def save_checkpoint(directory, model, optimizer=None, step=0, extra=None):
     """Write the state of `model` (and `optimizer`, if given) and `step` to
     directory/checkpoint.npz, atomically (a crash leaves the old file)."""
     os.makedirs(directory, exist_ok=True)
-    leaves = jax.tree_util.tree_leaves_with_path(nnx.state(_nodes(model, optimizer)))
+    leaves = jax.tree_util.tree_leaves_with_path(_state(_nodes(model, optimizer)))
     arrays, paths = {}, []
     for i, (path, leaf) in enumerate(leaves):
         if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
@@ -80,16 +86,18 @@ def load_checkpoint(directory, model, optimizer=None):
     """
     path = _checkpoint_path(directory)
     nodes = _nodes(model, optimizer)
-    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(nnx.state(nodes))
+    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(_state(nodes))
     with np.load(path, allow_pickle=False) as f:
         paths = [str(p) for p in f["paths"]]
         expected = [_path_str(p) for p, _ in leaves_with_path]
         if paths != expected:
             missing = sorted(set(expected) - set(paths))[:3]
+            unexpected = sorted(set(paths) - set(expected))[:3]
             raise ValueError(
                 f"checkpoint {path} does not match this model"
                 f"{'' if optimizer is None else '/optimizer'} ({len(paths)} saved "
-                f"arrays, {len(expected)} expected; missing e.g. {missing})")
+                f"arrays, {len(expected)} expected; missing e.g. {missing}, "
+                f"not in the model e.g. {unexpected})")
         new = []
         for i, (_, leaf) in enumerate(leaves_with_path):
             saved = f[f"leaf_{i:05d}"]

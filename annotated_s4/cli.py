@@ -9,8 +9,10 @@ what it can build:
   x_test, y_test (y_* None for next-step generation), classification (bool),
   d_output (classes or vocabulary size), d_input (features per step),
   vocab_size (None, or the number of tokens for an embedding encoder), and
-  optionally last_token (recall tasks: scored on the token after x) and
-  corpus_sha256 (the text a language model reads).
+  optionally last_token (recall tasks: scored on the token after x),
+  corpus_sha256 (the text a language model reads), token (what one step is,
+  for the bits-per-token metric's name) and extra_metrics (a function
+  (data, model) -> dict of further test metrics).
 * `LAYERS`: name -> builder(args, L) returning a layer factory
   ``factory(H, rngs=...)`` (the layer contract of `annotated_s4.models`), or a
   list of factories used in turn.
@@ -37,6 +39,7 @@ from .train import fit, make_mesh, make_optimizer
 
 __all__ = ["DATASETS", "LAYERS", "RECALL_DEFAULTS", "CHARLM_DEFAULTS", "build_parser",
            "check_args", "load_dataset", "build_model", "count_params", "test_metrics",
+           "extra_metrics", "COMPLETION_CLASSIFIER",
            "args_from_config", "build_optimizer", "run", "main"]
 
 
@@ -60,7 +63,31 @@ def _digits_gen(args):
     d = load_digits_sequences(side=8, quantize=True, seed=args.seed_data)
     return {"x_train": d["x_train"], "y_train": None, "x_test": d["x_test"],
             "y_test": None, "classification": False, "d_output": DIGIT_LEVELS,
-            "d_input": 1, "vocab_size": DIGIT_LEVELS}
+            "d_input": 1, "vocab_size": DIGIT_LEVELS, "token": "pixel", "labels_test": d["y_test"],
+            "extra_metrics": _completion_metrics}
+
+
+# The classifier that scores digit completions: a reference run.
+COMPLETION_CLASSIFIER = "digits784-s4"
+
+
+def _completion_metrics(data, model):
+    """The fraction of test digits whose top half, completed by the digit
+    generator `model`, the reference classifier reads as the true digit (when
+    that run exists)."""
+    from .evaluate import completion_accuracy, load_run
+    from .reference import available, run_dir
+
+    if COMPLETION_CLASSIFIER not in available():
+        return {}
+    classifier = load_run(run_dir(COMPLETION_CLASSIFIER))[0]
+    accuracy, _ = completion_accuracy(model, classifier, data["x_test"], data["labels_test"])
+    return {"completion_accuracy": accuracy}
+
+
+def extra_metrics(data, model):
+    """The dataset's own metrics beyond test loss and accuracy (a dict)."""
+    return data["extra_metrics"](data, model) if "extra_metrics" in data else {}
 
 
 def _mnist(args):
@@ -110,7 +137,7 @@ def _charlm(args):
             "x_test": text_windows(corpus["valid"], CHARLM_DEFAULTS["n_test"], args.seq_len,
                                    np.random.default_rng(args.seed_data + 1)),
             "y_train": None, "y_test": None, "classification": False, "d_output": V,
-            "d_input": 1, "vocab_size": V, "corpus_sha256": corpus["sha256"]}
+            "d_input": 1, "vocab_size": V, "token": "char", "corpus_sha256": corpus["sha256"]}
 
 
 DATASETS = {
@@ -127,34 +154,57 @@ DATASETS = {
 # --- Layers ----------------------------------------------------------------------
 
 
+def _steps(args):
+    """The range the SSM layers draw their initial step sizes from."""
+    return {"dt_min": args.dt_min, "dt_max": args.dt_max}
+
+
+def _init(args):
+    """The state matrix's initialisation, where --init names one."""
+    return {} if args.init is None else {"init": args.init}
+
+
 def _ssm_layer(args, L):
     from .layers import SSMLayer
 
-    return functools.partial(SSMLayer, N=args.state_size, L=L)
+    return functools.partial(SSMLayer, N=args.state_size, L=L, **_steps(args))
 
 
 def _s4_layer(args, L):
     from .layers import S4Layer
 
-    return functools.partial(S4Layer, N=args.state_size, L=L)
+    return functools.partial(S4Layer, N=args.state_size, L=L, **_steps(args), **_init(args))
 
 
 def _s4d_layer(args, L):
     from .layers import S4DLayer
 
-    return functools.partial(S4DLayer, N=args.state_size, L=L)
+    return functools.partial(S4DLayer, N=args.state_size, L=L, **_steps(args), **_init(args))
 
 
 def _h3_layer(args, L):
     from .h3 import H3Layer
 
-    return functools.partial(H3Layer, head_dim=args.head_dim, state_size=args.state_size)
+    return functools.partial(H3Layer, head_dim=args.head_dim, state_size=args.state_size,
+                             **_steps(args))
 
 
 def _attention_layer(args, L):
     from .attention import CausalSelfAttention
 
     return functools.partial(CausalSelfAttention, n_heads=args.n_heads, max_len=L)
+
+
+def _tnn_layer(args, L):
+    from .toeplitz import TNNLayer
+
+    return functools.partial(TNNLayer, L=L)
+
+
+def _sgconv_layer(args, L):
+    from .toeplitz import SGConvLayer
+
+    return functools.partial(SGConvLayer, L=L)
 
 
 def _hybrid_layer(args, L):
@@ -170,6 +220,8 @@ LAYERS = {
     "h3": _h3_layer,
     "attention": _attention_layer,
     "hybrid": _hybrid_layer,
+    "tnn": _tnn_layer,
+    "sgconv": _sgconv_layer,
 }
 
 
@@ -190,10 +242,17 @@ def build_parser():
                         "of the Python documentation; mnist: 784-step sequential MNIST "
                         "(needs a download)")
     p.add_argument("--layer", choices=sorted(LAYERS), default="s4",
-                   help="the sequence layer; hybrid: H3 and attention alternating")
+                   help="the sequence layer; hybrid: H3 and attention alternating; tnn, "
+                        "sgconv: the long convolutions of chapter 8")
     p.add_argument("--n-layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--state-size", type=int, default=16, help="N, the SSM state size")
+    p.add_argument("--dt-min", type=float, default=0.001,
+                   help="smallest initial SSM step size (log-uniform in [dt-min, dt-max])")
+    p.add_argument("--dt-max", type=float, default=0.1, help="largest initial SSM step size")
+    p.add_argument("--init", default=None,
+                   help="the state matrix's initialisation: for s4, hippo (default) or "
+                        "random (the HiPPO ablation); for s4d, lin (default) or inv")
     p.add_argument("--head-dim", type=int, default=8, help="H3 head dimension d_h")
     p.add_argument("--n-heads", type=int, default=4, help="attention heads")
     p.add_argument("--steps", type=int, default=500)
@@ -227,9 +286,9 @@ def build_parser():
 
 
 # The options that define a run (what config.json records and --resume compares).
-_CONFIG_KEYS = ("dataset", "layer", "n_layers", "d_model", "state_size", "head_dim",
-                "n_heads", "steps", "batch_size", "lr", "ssm_lr", "weight_decay", "dropout",
-                "seed", "seed_data", "vocab_size", "seq_len")
+_CONFIG_KEYS = ("dataset", "layer", "n_layers", "d_model", "state_size", "dt_min", "dt_max",
+                "init", "head_dim", "n_heads", "steps", "batch_size", "lr", "ssm_lr", "weight_decay",
+                "dropout", "seed", "seed_data", "vocab_size", "seq_len")
 
 
 def check_args(args):
@@ -252,6 +311,14 @@ def check_args(args):
     checks.number(args.lr, "--lr", low=0.0, low_open=True)
     checks.number(args.ssm_lr, "--ssm-lr", low=0.0)
     checks.number(args.dropout, "--dropout", low=0.0, high=1.0, high_open=True)
+    checks.number(args.dt_min, "--dt-min", low=0.0, low_open=True)
+    checks.number(args.dt_max, "--dt-max", low=args.dt_min)
+    from .layers import S4_INITS, S4D_INITS
+
+    inits = {"s4": tuple(S4_INITS), "s4d": tuple(S4D_INITS)}
+    if args.init is not None and args.init not in inits.get(args.layer, ()):
+        raise ValueError(f"--init {args.init} does not apply to --layer {args.layer} "
+                         f"(choices: {', '.join(f'{k}: {v}' for k, v in inits.items())})")
     if args.resume and not args.out:
         raise ValueError("--resume needs --out DIR")
     return args
@@ -289,13 +356,13 @@ def config_of(args, data):
     return config
 
 
-def test_metrics(evaluation, generation):
-    """An evaluation (`train.evaluate`'s loss and accuracy) as a run's metrics:
-    test loss (nats per target), accuracy, and for next-step models bits per
-    token."""
+def test_metrics(evaluation, data):
+    """An evaluation (`train.evaluate`'s loss and accuracy) on `data` as a
+    run's metrics: test loss (nats per target), accuracy, and for next-step
+    models bits per token (per pixel, per character: the dataset's "token")."""
     metrics = {"test_loss": evaluation["loss"], "test_accuracy": evaluation["accuracy"]}
-    if generation:
-        metrics["test_bits_per_token"] = evaluation["loss"] / np.log(2)
+    if data["y_train"] is None:
+        metrics[f"test_bits_per_{data.get('token', 'token')}"] = evaluation["loss"] / np.log(2)
     return metrics
 
 
@@ -356,7 +423,8 @@ def run(args, log=print, devices=None):
                   steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                   eval_every=args.eval_every, log=log, log_every=args.log_every,
                   optimizer=optimizer, mesh=mesh, history=history, on_step=checkpoint)
-    metrics = {**test_metrics(history["eval"][-1], data["y_train"] is None), "steps": args.steps,
+    metrics = {**test_metrics(history["eval"][-1], data),
+               **extra_metrics(data, model), "steps": args.steps,
                "parameters": n_params, "devices": n_dev,
                "seconds_per_step": history.pop("seconds_per_step"),
                "wall_seconds": time.perf_counter() - start}

@@ -21,13 +21,18 @@ import numpy as np
 
 __all__ = [
     "DIGIT_LEVELS",
+    "digit_pixels",
     "load_digits_sequences",
+    "CORPUS_FILE",
+    "CORPUS_SHA256",
+    "pydoc_text",
     "load_text_corpus",
     "text_windows",
     "MNIST_FILES",
     "MNIST_SHA256",
     "MNIST_MIRRORS",
     "cache_dir",
+    "file_sha256",
     "fetch",
     "read_idx",
     "load_mnist",
@@ -54,6 +59,16 @@ def _upsample(images, size):
     return top * (1 - wy) + bot * wy
 
 
+def digit_pixels(images, side=8):
+    """Digit images (n, 8, 8) with grey levels 0..16 (the sklearn scale) as the
+    classifiers' input: pixel sequences (n, side**2, 1), floats in [0, 1],
+    bilinearly upsampled to side x side when side > 8."""
+    images = np.asarray(images, dtype=np.float64)
+    if side != 8:
+        images = _upsample(images, side)
+    return (images.reshape(len(images), side * side) / 16.0).astype(np.float32)[..., None]
+
+
 def load_digits_sequences(side=8, test_fraction=0.2, seed=0, quantize=False):
     """The sklearn digits as pixel sequences of length side**2.
 
@@ -70,47 +85,62 @@ def load_digits_sequences(side=8, test_fraction=0.2, seed=0, quantize=False):
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     digits = load_digits()
-    images = digits.images.astype(np.float64)  # (1797, 8, 8), values 0..16
-    if side != 8:
-        images = _upsample(images, side)
+    images = digits.images  # (1797, 8, 8), integer values 0..16
     labels = digits.target.astype(np.int32)
     order = np.random.default_rng(seed).permutation(len(images))
     n_test = int(round(test_fraction * len(images)))
     test, train = order[:n_test], order[n_test:]
-    seqs = images.reshape(len(images), side * side)
     if quantize:
-        x = np.clip(np.rint(seqs), 0, DIGIT_LEVELS - 1).astype(np.int32)
+        if side != 8:
+            raise ValueError("quantize=True gives the original 8x8 grey levels; "
+                             f"side must be 8, got {side}")
+        x = images.reshape(len(images), 64).astype(np.int32)
     else:
-        x = (seqs / 16.0).astype(np.float32)[..., None]
+        x = digit_pixels(images, side)
     return {
         "x_train": x[train], "y_train": labels[train],
         "x_test": x[test], "y_test": labels[test],
     }
 
 
+# The book's text corpus: the pydoc topics (the help texts of Python's
+# keywords and statements) of Python 3.11, as shipped in its standard
+# library (pydoc_data). Other Python versions ship other texts, so the
+# package carries this one, gzipped, and checks it by its SHA-256.
+CORPUS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pydoc_topics.txt.gz")
+CORPUS_SHA256 = "71f2ff5d99bdc1f9c48c5c2353ad138201c5ca1c377e0226857ef8fa89b8bcee"
+
+
+def pydoc_text():
+    """This Python's pydoc topics as one text (the corpus, on Python 3.11)."""
+    import pydoc_data.topics
+
+    topics = pydoc_data.topics.topics
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
 def load_text_corpus(valid_fraction=0.1):
-    """Character-level text from the Python docs that ship with Python.
+    """Character-level text: the book's corpus (`CORPUS_FILE`).
 
     Returns a dict with ``train`` and ``valid`` int32 arrays of character ids,
     ``vocab``, the sorted list of characters, and ``sha256``, the hash of the
-    text (it changes with the Python version: a model trained on one text is
-    checked against it). The split is by position: the last
-    ``valid_fraction`` of the text is held out.
+    text (a language model's run records it). The split is by position: the
+    last ``valid_fraction`` of the text is held out.
     """
-    import hashlib
-
-    import pydoc_data.topics
-
     if not 0.0 < valid_fraction < 1.0:
         raise ValueError(f"valid_fraction must lie in (0, 1), got {valid_fraction}")
-    topics = pydoc_data.topics.topics
-    text = "\n\n".join(topics[key] for key in sorted(topics))
+    with gzip.open(CORPUS_FILE, "rb") as f:
+        raw = f.read()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != CORPUS_SHA256:
+        raise ValueError(f"{CORPUS_FILE} has sha256 {digest}, expected {CORPUS_SHA256}: "
+                         f"reinstall the package")
+    text = raw.decode()
     vocab = sorted(set(text))
     index = {ch: i for i, ch in enumerate(vocab)}
     ids = np.array([index[ch] for ch in text], dtype=np.int32)
     cut = int(len(ids) * (1 - valid_fraction))
-    return {"train": ids[:cut], "valid": ids[cut:], "vocab": vocab,
-            "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    return {"train": ids[:cut], "valid": ids[cut:], "vocab": vocab, "sha256": digest}
 
 
 def text_windows(ids, n, L, rng):
@@ -222,7 +252,7 @@ def cache_dir():
         os.path.expanduser("~"), ".cache", "annotated_s4")
 
 
-def _sha256(path):
+def file_sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -235,14 +265,15 @@ def fetch(name, directory, mirrors, sha256, timeout=30):
 
     An existing file is used if its SHA-256 matches; a download is written to
     a temporary name, checked, then moved into place. Raises RuntimeError
-    naming the file, the mirrors tried and the errors when nothing works (for
-    example offline), and ValueError on a checksum mismatch.
+    naming the file, the mirrors tried and the errors (a download whose
+    checksum is wrong counts as an error) when nothing works, for example
+    offline; ValueError if the file already there has the wrong checksum.
     """
     import urllib.request
 
     path = os.path.join(directory, name)
     if os.path.exists(path):
-        digest = _sha256(path)
+        digest = file_sha256(path)
         if digest == sha256:
             return path
         raise ValueError(f"{path} has sha256 {digest}, expected {sha256}: "
@@ -258,7 +289,7 @@ def fetch(name, directory, mirrors, sha256, timeout=30):
         except OSError as e:  # URLError, timeouts, refused connections
             errors.append(f"{url}: {e}")
             continue
-        digest = _sha256(tmp)
+        digest = file_sha256(tmp)
         if digest != sha256:
             os.remove(tmp)
             errors.append(f"{url}: sha256 {digest}, expected {sha256}")

@@ -14,11 +14,15 @@ import argparse
 import json
 import sys
 
+import jax
+import numpy as np
+
 from .checkpoint import load_checkpoint, read_run
-from .cli import args_from_config, build_model, load_dataset, test_metrics
+from .cli import args_from_config, build_model, extra_metrics, load_dataset, test_metrics
 from .train import evaluate
 
-__all__ = ["TOLERANCE", "load_run", "evaluate_run", "compare", "main"]
+__all__ = ["TOLERANCE", "load_run", "evaluate_run", "complete_digits",
+           "completion_accuracy", "compare", "main"]
 
 TOLERANCE = 1e-4
 
@@ -34,9 +38,9 @@ def load_run(directory):
     if data.get("corpus_sha256", config.get("corpus_sha256")) != config.get("corpus_sha256"):
         raise ValueError(
             f"{directory} was trained on a different text (sha256 "
-            f"{config['corpus_sha256'][:12]}...) than this Python's documentation "
-            f"({data['corpus_sha256'][:12]}...): run it with the Python version it "
-            f"was trained on, or retrain it (make reference RUN=<name>)")
+            f"{config['corpus_sha256'][:12]}...) than the package's corpus "
+            f"({data['corpus_sha256'][:12]}...): evaluate it with the version of the "
+            f"package it was trained with, or retrain it (make reference RUN=<name>)")
     model = build_model(args, data)
     load_checkpoint(directory, model)
     return model, data, run
@@ -46,7 +50,32 @@ def evaluate_run(directory):
     """The run's test metrics recomputed from its checkpoint, and the run."""
     model, data, run = load_run(directory)
     evaluation = evaluate(model, data["x_test"], data["y_test"])
-    return test_metrics(evaluation, data["y_train"] is None), run
+    metrics = test_metrics(evaluation, data)
+    return {**metrics, **extra_metrics(data, model)}, run
+
+
+def complete_digits(model, digits, *, seed=0, temperature=1.0):
+    """The 8x8 digits (n, 64) grey levels with their bottom half replaced by
+    the next-pixel `model`'s completion of the top half, in RNN mode."""
+    from .sample import generate
+
+    digits = np.asarray(digits)
+    half = digits.shape[1] // 2
+    return np.asarray(generate(model, digits.shape[1], key=jax.random.PRNGKey(seed),
+                               prefix=digits[:, :half], temperature=temperature))
+
+
+def completion_accuracy(model, classifier, digits, labels, *, side=28, seed=0):
+    """The fraction of `digits` whose top half, completed by `model`, the
+    `classifier` (trained on digits upsampled to side x side) labels as the
+    true digit; and the completed digits."""
+    from .data import digit_pixels
+
+    completed = complete_digits(model, digits, seed=seed)
+    classifier.eval()
+    predicted = np.asarray(classifier(digit_pixels(completed.reshape(-1, 8, 8), side))
+                           .argmax(-1))
+    return float(np.mean(predicted == np.asarray(labels))), completed
 
 
 def compare(recorded, recomputed, tolerance=TOLERANCE):

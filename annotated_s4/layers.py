@@ -19,6 +19,9 @@ __all__ = [
     "log_step_initializer",
     "SSMLayer",
     "S4Layer",
+    "S4_INITS",
+    "S4D_INITS",
+    "random_DPLR_like",
     "S4DLayer",
 ]
 
@@ -102,6 +105,27 @@ def _as_pair(z, dtype=None):
     return jnp.stack([z.real, z.imag], axis=-1).astype(dtype or _float_dtype())
 
 
+S4_INITS = ("hippo", "random")
+S4D_INITS = {"lin": s4d_lin_init, "inv": s4d_inv_init}
+
+
+def random_DPLR_like(key, Lambda, P, B):
+    """A random DPLR state matrix on the scale of a given one (the HiPPO
+    ablation): Re Lambda as given, Im Lambda uniform in [0, max Im Lambda]
+    (the same range of frequencies), P and B complex Gaussian rescaled to the
+    given norms. What it loses is HiPPO's particular spectrum and low-rank
+    term, the structure that makes the state a projection of the past."""
+    k1, k2, k3 = jax.random.split(key, 3)
+    n = Lambda.shape[0]
+    w = jnp.sort(jax.random.uniform(k1, (n,)) * jnp.max(Lambda.imag))
+
+    def like(k, z):
+        g = jax.random.normal(k, (n, 2)) @ jnp.array([1.0, 1j])
+        return g * jnp.linalg.norm(z) / jnp.linalg.norm(g)
+
+    return Lambda.real + 1j * w, like(k2, P), like(k3, B)
+
+
 class S4Layer(nnx.Module):
     """H channels of an S4 SSM with a DPLR state matrix, HiPPO-initialised.
 
@@ -110,7 +134,8 @@ class S4Layer(nnx.Module):
     N/2 modes with Im Lambda > 0 and the kernel sums over both halves
     (`kernel_DPLR(..., conj=True)`); N must be even.
 
-    Parameters: Lambda, P, B of the DPLR HiPPO, ONE copy shared by the H
+    Parameters: Lambda, P, B of the DPLR HiPPO (init="hippo"; init="random"
+    draws them with `random_DPLR_like`), ONE copy shared by the H
     channels (this book's choice: the S4 paper and the Annotated S4 keep H
     independent copies; sharing stores N/2 instead of H x N/2 of each);
     one C~ (the kernel's C (I - Ab^L)), D and log step per channel, so every
@@ -127,10 +152,13 @@ class S4Layer(nnx.Module):
     (`dplr_rnn`); each `step` is `dplr_step`, O(N) per channel.
     """
 
-    def __init__(self, H, N, L, *, rngs: nnx.Rngs, dt_min=0.001, dt_max=0.1):
+    def __init__(self, H, N, L, *, rngs: nnx.Rngs, init="hippo", dt_min=0.001, dt_max=0.1):
         checks.positive_int(H, "H"), checks.even_int(N, "N"), checks.positive_int(L, "L")
+        checks.choice(init, "init", S4_INITS)
         self.H, self.N, self.L = H, N, L
         Lambda, P, B, _ = make_DPLR_HiPPO(N, conj=True)  # N/2 modes
+        if init == "random":
+            Lambda, P, B = random_DPLR_like(rngs.params(), Lambda, P, B)
         dtype = _float_dtype()
         self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(dtype))
         self.Lambda_im = nnx.Param(jnp.asarray(Lambda.imag, dtype=dtype))
@@ -199,12 +227,10 @@ class S4DLayer(nnx.Module):
     def __init__(self, H, N, L, *, rngs: nnx.Rngs, init="lin", dt_min=0.001, dt_max=0.1):
         if H < 1 or N < 2 or L < 1:
             raise ValueError(f"H, L must be positive and N >= 2, got H={H}, N={N}, L={L}")
-        inits = {"lin": s4d_lin_init, "inv": s4d_inv_init}
-        if init not in inits:
-            raise ValueError(f"init must be 'lin' or 'inv', got {init!r}")
+        init = checks.choice(init, "init", S4D_INITS)
         self.H, self.N, self.L = H, N, L
         dtype = _float_dtype()
-        Lambda = jnp.broadcast_to(inits[init](N), (H, N // 2))
+        Lambda = jnp.broadcast_to(S4D_INITS[init](N), (H, N // 2))
         self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(dtype))
         self.Lambda_im = nnx.Param(Lambda.imag.astype(dtype))
         self.B = nnx.Param(_as_pair(jnp.ones((H, N // 2))))

@@ -22,7 +22,8 @@ def glue(name, value, display=True):
     """myst-nb's `glue`, for the {glue:text} roles of a page's prose.
 
     NumPy scalars are glued as the Python numbers they hold (myst-nb formats
-    text/plain, where np.float64(0.5) is not a number). Outside a book build
+    text/plain, where np.float64(0.5) is not a number), and a str as its
+    text, without the quotes of its repr. Outside a book build
     (Colab, plain Jupyter without myst-nb) it does nothing: glue only feeds
     the page's text.
     """
@@ -32,7 +33,21 @@ def glue(name, value, display=True):
         return
     import numpy as np
 
-    myst_glue(name, value.item() if isinstance(value, np.generic) else value, display=display)
+    if isinstance(value, np.generic):
+        value = value.item()
+    elif isinstance(value, str):
+        value = _Text(value)
+    myst_glue(name, value, display=display)
+
+
+class _Text:
+    """A string whose text/plain form is the string itself."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
 
 
 def source(obj, dedent=True):

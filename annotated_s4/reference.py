@@ -9,21 +9,33 @@ pickle-free checkpoint.npz.
 
 `check` exits with status 1 if a run's metrics are no longer reproduced by
 the code, naming the run and the command that retrains it.
+
+The runs live in the repository, not in the installed package. Where the
+package was installed without them (Colab's pip install), `locate(name)`
+downloads a run's files from the repository into the download cache and
+checks each against the SHA-256 that the package's manifest
+(`annotated_s4/reference_runs.json`, rewritten by `train`) records.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 
-from .checkpoint import write_json
+from .checkpoint import RUN_FILES, write_json
 
-__all__ = ["ROOT", "RUNS", "run_dir", "command", "available", "train", "check", "replay", "main"]
+__all__ = ["ROOT", "RUNS", "MANIFEST", "RAW_URL", "run_dir", "command", "available",
+           "manifest", "write_manifest", "locate", "train", "check", "replay", "main"]
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "reference_runs")
+MANIFEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference_runs.json")
+# Where `locate` downloads from: the repository of _config.yml, at its branch
+# (a test keeps the two in agreement).
+RAW_URL = "https://raw.githubusercontent.com/annotated-s4/annotated-s4-book/main/"
 
 # name -> the CLI options that make it (the output directory is added).
 RUNS = {
@@ -35,8 +47,45 @@ RUNS = {
                      "--log-every", "50"],
     "digits784-s4d": ["--dataset", "digits-784", "--layer", "s4d", "--d-model", "64",
                       "--steps", "800", "--dropout", "0.1", "--eval-every", "100",
-                     "--log-every", "50"],
+                      "--log-every", "50"],
+    # The HiPPO ablation: digits784-s4 with a random DPLR state matrix of the
+    # same scale (layers.random_DPLR_like) in place of HiPPO.
+    "digits784-s4-random": ["--dataset", "digits-784", "--layer", "s4", "--init", "random",
+                            "--d-model", "64", "--steps", "800", "--dropout", "0.1",
+                            "--eval-every", "100", "--log-every", "50"],
+    # The Part I SSM with about S4's parameter count (N = 4: 21,130 against
+    # 20,202) and the same step budget. Its initial steps are 10x smaller:
+    # with dt up to 0.1, a random A makes |eig(Ab)| up to 1.12 and Ab^784
+    # overflows float32 before training starts.
+    "digits784-ssm": ["--dataset", "digits-784", "--layer", "ssm", "--d-model", "64",
+                      "--state-size", "4", "--dt-max", "0.01", "--steps", "800",
+                      "--dropout", "0.1", "--eval-every", "100", "--log-every", "50"],
+    # The next-pixel generator; its metrics include completion_accuracy,
+    # scored by digits784-s4 (train that first).
+    "digitsgen-s4": ["--dataset", "digits-gen", "--layer", "s4", "--d-model", "128",
+                     "--n-layers", "4", "--steps", "2000", "--dropout", "0.1",
+                     "--eval-every", "200", "--log-every", "100"],
 }
+
+# Chapter 7's character language models: four layers each, about 0.95M
+# parameters (931k to 970k: the widths differ because the layers do), the
+# same 32 x 128 x 1200 training characters.
+_CHARLM = ["--dataset", "charlm", "--n-layers", "4", "--state-size", "64", "--head-dim", "1",
+           "--n-heads", "4", "--batch-size", "32", "--steps", "1200", "--dropout", "0.2",
+           "--eval-every", "100", "--log-every", "100"]
+RUNS.update({
+    "charlm-h3": _CHARLM + ["--layer", "h3", "--d-model", "176"],
+    "charlm-hybrid": _CHARLM + ["--layer", "hybrid", "--d-model", "184"],
+    "charlm-attention": _CHARLM + ["--layer", "attention", "--d-model", "192"],
+    "charlm-s4d": _CHARLM + ["--layer", "s4d", "--d-model", "288"],
+    # Chapter 8's long-convolution language models, which it converts with ETSC.
+    "tnn-charlm": ["--dataset", "charlm", "--layer", "tnn", "--d-model", "64",
+                   "--batch-size", "32", "--steps", "2000", "--eval-every", "200",
+                   "--log-every", "200"],
+    "sgconv-charlm": ["--dataset", "charlm", "--layer", "sgconv", "--d-model", "64",
+                      "--batch-size", "32", "--steps", "2000", "--eval-every", "200",
+                      "--log-every", "200"],
+})
 
 
 def run_dir(name, root=None):
@@ -62,6 +111,43 @@ def available(root=None):
     return [n for n in RUNS if os.path.exists(os.path.join(run_dir(n, root), "metrics.json"))]
 
 
+def manifest(root=None):
+    """{run: {file: sha256}} of the finished runs under `root`."""
+    from .data import file_sha256
+
+    return {name: {f: file_sha256(os.path.join(run_dir(name, root), f)) for f in RUN_FILES}
+            for name in available(root)}
+
+
+def write_manifest(root=None, path=MANIFEST):
+    """Record the finished runs' checksums in the package's manifest."""
+    with open(path, "w") as f:
+        json.dump(manifest(root), f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def locate(name, root=None, url=RAW_URL):
+    """The directory of run `name`: the repository's reference_runs/<name> when
+    it is there, else a copy downloaded from `url` into the download cache
+    (`data.cache_dir()`), every file checked against the manifest's SHA-256."""
+    from .data import cache_dir, fetch
+
+    _names([name])
+    local = run_dir(name, root)
+    if all(os.path.exists(os.path.join(local, f)) for f in RUN_FILES):
+        return local
+    with open(MANIFEST) as f:
+        sums = json.load(f).get(name)
+    if sums is None:
+        raise FileNotFoundError(f"reference run {name} is neither at {local} nor in the "
+                                f"manifest {MANIFEST}: train it with `make reference "
+                                f"RUN={name}`")
+    directory = os.path.join(cache_dir(), "reference_runs", name)
+    for f in RUN_FILES:
+        fetch(f, directory, [f"{url}reference_runs/{name}/"], sums[f])
+    return directory
+
+
 def train(names=(), root=None, log=print):
     """Train the runs `names` (default: all) from scratch into their directories."""
     from .cli import build_parser, run
@@ -75,6 +161,8 @@ def train(names=(), root=None, log=print):
         start = time.perf_counter()
         run(build_parser().parse_args(RUNS[name] + ["--out", out]), log=log)
         log(f"== {name}: {time.perf_counter() - start:.0f} s")
+    if root is None:
+        write_manifest()
 
 
 def check(names=(), root=None, log=print):

@@ -34,18 +34,6 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------
-# The checks are the one-line validators of `_checks`. The two names below are
-# kept for modules that still import them from here.
-# --------------------------------------------------------------------------
-def _check_ssm(A, B, C):
-    return checks.ssm(A, B, C)
-
-
-def _check_length(L, name="L"):
-    return checks.positive_int(L, name)
-
-
 def random_SSM(rng, N):
     """A random stable SSM: A (N, N), B (N, 1), C (1, N).
 

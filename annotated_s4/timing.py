@@ -193,7 +193,7 @@ def layer_kernel_fn(H, N, L):
 
     @jax.jit
     def kernel(Lambda, P, B, C, step):
-        return jax.vmap(lambda C, s: kernel_DPLR(Lambda, P, P, B, C, s, L))(C, step)
+        return jax.vmap(lambda C, s: kernel_DPLR(Lambda, P, P, B, C, s, L, conj=True))(C, step)
 
     return lambda: kernel(Lambda, P, B, C, step)
 

@@ -40,6 +40,7 @@ __all__ = [
     "ToeplitzLayer",
     "TNNLayer",
     "SGConvLayer",
+    "valid_loss",
 ]
 
 
@@ -497,6 +498,11 @@ class ToeplitzLayer(nnx.Module):
         self.ssm_b = nnx.Cache(etsc(t, decay=self.ssm_decay)[1])
         return self
 
+    def taps(self):
+        """The kernel's first L lags, (H, L): what RNN mode convolves with
+        before conversion."""
+        return self.t[...]
+
     def kernel(self, L):
         """The kernel actually applied to a length-L input, shape (H, L)."""
         if self.ssm_b is not None:
@@ -521,7 +527,7 @@ class ToeplitzLayer(nnx.Module):
         if self.ssm_b is None:
             buf = jnp.concatenate([self.cache[...][:, 1:], u_t[:, None]], axis=1)
             self.cache[...] = buf
-            y = jnp.einsum("blh,hl->bh", buf, self.t[...][:, ::-1])
+            y = jnp.einsum("blh,hl->bh", buf, self.taps()[:, ::-1])
             return y + self.D[...] * u_t
         # the exact-phase recurrence of toeplitz.SSMDecoder, mapped over the batch
         dec = SSMDecoder.from_etsc(self.ssm_b[...], decay=self.ssm_decay)
@@ -544,9 +550,8 @@ class _GeneratedKernelLayer(ToeplitzLayer):
         self.ssm_decay = None
         self.cache = nnx.data(None)
 
-    @property
-    def t(self):  # the Cache path and to_ssm of ToeplitzLayer read self.t[...]
-        return _Value(self.raw_kernel(self.L))
+    def taps(self):
+        return self.raw_kernel(self.L)
 
     def to_ssm(self, h=None, decay=None):
         """ETSC of the generated kernel's first h lags (h >= 1 any size: the
@@ -560,14 +565,6 @@ class _GeneratedKernelLayer(ToeplitzLayer):
         if self.ssm_b is not None:
             return etsc_kernel(self.ssm_b[...], L, decay=self.ssm_decay).T
         return self.raw_kernel(L)
-
-
-class _Value:
-    def __init__(self, x):
-        self.x = x
-
-    def __getitem__(self, _):
-        return self.x
 
 
 class TNNLayer(_GeneratedKernelLayer):
@@ -625,80 +622,11 @@ class SGConvLayer(_GeneratedKernelLayer):
 
 
 # --------------------------------------------------------------------------
-# Reference runs: python -m annotated_s4.toeplitz train-tnn --out DIR
+# Evaluating the trained language models (reference runs tnn-charlm and
+# sgconv-charlm, trained by `python -m annotated_s4.cli --layer tnn|sgconv`)
 # --------------------------------------------------------------------------
-CHARLM = dict(d_model=64, n_layers=2, seq_len=128, steps=1500, batch_size=32, lr=3e-3,
-              seed=0, valid_windows=256)
-
-
-def charlm_data(seq_len, valid_windows):
-    """Non-overlapping windows of the offline text corpus: train (n, L), valid (m, L)."""
-    from .data import load_text_corpus
-    corpus = load_text_corpus()
-
-    def windows(ids, count=None):
-        w = ids[: len(ids) // seq_len * seq_len].reshape(-1, seq_len)
-        return w if count is None else w[:count]
-    return corpus, windows(corpus["train"]), windows(corpus["valid"], valid_windows)
-
-
-def charlm_model(layer, vocab, d_model, n_layers, seq_len, seed=0, **_):
-    """A StackedModel character LM with TNN or SGConv layers."""
-    from .models import StackedModel
-    cls = {"tnn": TNNLayer, "sgconv": SGConvLayer}[checks.choice(layer, "layer", {"tnn", "sgconv"})]
-    return StackedModel(functools.partial(cls, L=seq_len), d_output=vocab, d_model=d_model,
-                        n_layers=n_layers, rngs=nnx.Rngs(seed), vocab_size=vocab,
-                        classification=False)
-
-
 def valid_loss(model, x):
     """Mean next-character NLL (nats) of x (batch, L) in CNN mode."""
     model.eval()
     logp = model(jnp.asarray(x))
     return float(-jnp.take_along_axis(logp, jnp.asarray(x)[..., None], axis=-1).mean())
-
-
-def train_charlm(layer, out, **overrides):
-    """Train a TNN or SGConv character LM and write a reference run to `out`."""
-    import json
-    import os
-    import time
-
-    from .checkpoint import save_checkpoint, write_json
-    from .train import fit
-    cfg = {**CHARLM, **overrides, "layer": layer}
-    corpus, x_train, x_valid = charlm_data(cfg["seq_len"], cfg["valid_windows"])
-    model = charlm_model(vocab=len(corpus["vocab"]), **cfg)
-    start = time.perf_counter()
-    history = fit(model, x_train, None, x_valid, None, steps=cfg["steps"],
-                  batch_size=cfg["batch_size"], lr=cfg["lr"], seed=cfg["seed"],
-                  eval_every=max(cfg["steps"] // 10, 1), log_every=100)
-    wall = time.perf_counter() - start
-    os.makedirs(out, exist_ok=True)
-    write_json(out, "config.json", {**cfg, "corpus_sha256": corpus["sha256"]})
-    write_json(out, "history.json", history)
-    metrics = {"valid_loss": valid_loss(model, x_valid), "steps": cfg["steps"],
-               "parameters": int(sum(x.size for x in jax.tree_util.tree_leaves(
-                   nnx.state(model, nnx.Param)))),
-               "seconds_per_step": history["seconds_per_step"], "wall_seconds": wall}
-    write_json(out, "metrics.json", metrics)
-    save_checkpoint(out, model, step=cfg["steps"])
-    print(json.dumps(metrics, indent=1))
-    return model, metrics
-
-
-def _main(argv=None):
-    import argparse
-    parser = argparse.ArgumentParser(
-        prog="python -m annotated_s4.toeplitz",
-        description="Train a TNN or SGConv character LM on the offline text corpus "
-                    "and write a reference run (config, history, metrics, checkpoint).")
-    parser.add_argument("command", choices=["train-tnn", "train-sgconv"])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=CHARLM["steps"])
-    args = parser.parse_args(argv)
-    train_charlm(args.command.split("-")[1], args.out, steps=args.steps)
-
-
-if __name__ == "__main__":
-    _main()

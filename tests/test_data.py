@@ -80,7 +80,28 @@ def test_text_windows_are_slices_of_the_text():
 
 def test_text_corpus_records_its_hash():
     d = data.load_text_corpus()
-    assert len(d["sha256"]) == 64 and d["sha256"] == data.load_text_corpus()["sha256"]
+    assert d["sha256"] == data.CORPUS_SHA256
+
+
+def test_the_corpus_is_python_311s_pydoc_topics():
+    """The packaged text is the standard library's pydoc topics of Python
+    3.11, the version the book is built with (the Makefile checks it)."""
+    import gzip
+    import sys
+
+    assert sys.version_info[:2] == (3, 11)
+    with gzip.open(data.CORPUS_FILE) as f:
+        assert f.read().decode() == data.pydoc_text()
+
+
+def test_a_changed_corpus_file_is_refused(tmp_path, monkeypatch):
+    import gzip
+
+    changed = tmp_path / "topics.txt.gz"
+    changed.write_bytes(gzip.compress(b"not the corpus"))
+    monkeypatch.setattr(data, "CORPUS_FILE", str(changed))
+    with pytest.raises(ValueError, match="sha256"):
+        data.load_text_corpus()
 
 
 # --- MNIST loader on a tiny IDX fixture -----------------------------------------

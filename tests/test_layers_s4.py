@@ -182,3 +182,18 @@ def test_generation_model_rnn_matches_cnn():
         outs.append(model.step(prev))
         prev = x[:, k]
     assert np.allclose(jnp.stack(outs, 1), logp, atol=1e-4)
+
+
+def test_random_DPLR_keeps_the_scale_of_hippo_but_not_its_structure():
+    from annotated_s4.hippo import make_DPLR_HiPPO
+    from annotated_s4.layers import random_DPLR_like
+
+    Lambda, P, B, _ = make_DPLR_HiPPO(16, conj=True)
+    rL, rP, rB = random_DPLR_like(jax.random.PRNGKey(0), Lambda, P, B)
+    np.testing.assert_allclose(rL.real, Lambda.real)
+    assert 0 <= rL.imag.min() and rL.imag.max() <= Lambda.imag.max()
+    np.testing.assert_allclose(np.linalg.norm(rP), np.linalg.norm(P), rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(rB), np.linalg.norm(B), rtol=1e-5)
+    assert not np.allclose(np.abs(rP), np.abs(P), rtol=0.1)
+    with pytest.raises(ValueError, match="init"):
+        S4Layer(4, 8, 16, rngs=nnx.Rngs(0), init="legs")

@@ -37,6 +37,50 @@ def test_a_reference_run_is_replayed_from_its_config():
     np.testing.assert_allclose(replayed, recorded, rtol=1e-5, atol=1e-5)
 
 
+def test_the_manifest_records_every_committed_run():
+    """The package's manifest (what `locate` checks downloads against) holds
+    the SHA-256 of every file of every committed run: retraining a run without
+    `make reference` (which rewrites it) fails here."""
+    with open(reference.MANIFEST) as f:
+        assert json.load(f) == reference.manifest()
+
+
+def test_the_download_url_is_the_books_repository():
+    import yaml
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "_config.yml")) as f:
+        repo = yaml.safe_load(f)["repository"]
+    owner_name = repo["url"].removeprefix("https://github.com/")
+    assert reference.RAW_URL == (f"https://raw.githubusercontent.com/{owner_name}/"
+                                 f"{repo['branch']}/")
+
+
+def test_locate_downloads_a_missing_run_and_checks_it(tmp_path, monkeypatch):
+    """Without the repository's runs (a pip install), a run is fetched from
+    the repository URL into the cache; here the "repository" is a local
+    directory read through file:// URLs, so the test stays offline."""
+    import shutil
+
+    server = tmp_path / "server"
+    shutil.copytree(reference.run_dir("digits64-s4"), server / "reference_runs" / "digits64-s4")
+    monkeypatch.setenv("ANNOTATED_S4_CACHE", str(tmp_path / "cache"))
+    url = server.as_uri() + "/"
+    empty = tmp_path / "no-runs"
+    found = reference.locate("digits64-s4", root=str(empty), url=url)
+    assert found == str(tmp_path / "cache" / "reference_runs" / "digits64-s4")
+    with open(os.path.join(found, "metrics.json")) as a, \
+            open(os.path.join(reference.run_dir("digits64-s4"), "metrics.json")) as b:
+        assert a.read() == b.read()
+    # The repository copy is used where it exists.
+    assert reference.locate("digits64-s4") == reference.run_dir("digits64-s4")
+    # A corrupted download is refused, naming the file.
+    shutil.rmtree(tmp_path / "cache")
+    (server / "reference_runs" / "digits64-s4" / "history.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="history.json: sha256"):
+        reference.locate("digits64-s4", root=str(empty), url=url)
+
+
 def test_unknown_run_names_are_refused():
     with pytest.raises(ValueError, match="no reference run named"):
         reference.check(["no-such-run"])

@@ -95,6 +95,34 @@ def test_generation_dataset_reports_nll(tmp_path):
     cli.main(TINY + ["--dataset", "digits-gen", "--steps", "3", "--out", str(out)])
     saved = json.loads((out / "metrics.json").read_text())
     assert 0.0 < saved["test_loss"] < 10.0
+    assert saved["test_bits_per_pixel"] == pytest.approx(saved["test_loss"] / np.log(2))
+
+
+def test_checkpoint_leaves_out_rnn_caches(tmp_path):
+    """A model whose RNN-mode cache is set (after generating) saves the same
+    arrays as a fresh one, and its checkpoint loads into a fresh model."""
+    def make():
+        return StackedModel(functools.partial(SSMLayer, N=2, L=8), 5, 4, 1, rngs=nnx.Rngs(0),
+                            vocab_size=5, classification=False)
+
+    m = make()
+    m.init_cache(3)
+    m.step(jnp.zeros((3,), jnp.int32))
+    checkpoint.save_checkpoint(tmp_path, m)
+    with np.load(tmp_path / "checkpoint.npz", allow_pickle=False) as f:
+        assert not any("cache" in str(p) or "/Ab" in str(p) for p in f["paths"])
+    checkpoint.load_checkpoint(tmp_path, make())
+
+
+def test_the_initial_step_range_is_an_option(tmp_path):
+    args = _args(["--steps", "1", "--layer", "ssm", "--dt-min", "1e-4", "--dt-max", "1e-3"])
+    model = cli.run(args, log=None)["model"]
+    steps = np.exp(np.asarray(model.layers[0].seq.log_step[...]))
+    assert np.all((steps >= 1e-4 * 0.99) & (steps <= 1e-3 * 1.01))
+    with pytest.raises(ValueError, match="--dt-max"):
+        cli.run(_args(["--steps", "1", "--dt-min", "0.1", "--dt-max", "0.01"]), log=None)
+    with pytest.raises(ValueError, match="--dt-min"):
+        cli.run(_args(["--steps", "1", "--dt-min", "0"]), log=None)
 
 
 def test_resume_continues_exactly(tmp_path, monkeypatch):
@@ -319,3 +347,35 @@ def test_evaluate_reproduces_a_run_and_names_what_is_wrong(tmp_path, capsys):
     (out / "history.json").unlink()
     with pytest.raises(SystemExit, match="missing history.json"):
         evaluate.main([str(out)])
+
+
+def test_completion_accuracy_keeps_the_top_half_and_scores_with_the_classifier():
+    from annotated_s4 import evaluate as ev
+    from annotated_s4.data import DIGIT_LEVELS, load_digits_sequences
+
+    d = load_digits_sequences(side=8, quantize=True)
+    digits, labels = d["x_test"][:6], d["y_test"][:6]
+    gen = StackedModel(functools.partial(SSMLayer, N=2, L=64), DIGIT_LEVELS, 4, 1,
+                       rngs=nnx.Rngs(0), vocab_size=DIGIT_LEVELS, classification=False)
+    completed = ev.complete_digits(gen, digits)
+    np.testing.assert_array_equal(completed[:, :32], digits[:, :32])
+    assert completed.shape == digits.shape and completed.max() < DIGIT_LEVELS
+
+    class Constant(nnx.Module):  # a "classifier" that always answers 3
+        def __call__(self, x):
+            assert x.shape == (6, 784, 1) and 0.0 <= float(x.min()) <= float(x.max()) <= 1.0
+            return jnp.zeros((len(x), 10)).at[:, 3].set(1.0)
+
+    accuracy, _ = ev.completion_accuracy(gen, Constant(), digits, labels)
+    assert accuracy == pytest.approx(np.mean(labels == 3))
+
+
+def test_the_state_matrix_initialisation_is_an_option():
+    hippo = cli.run(_args(["--steps", "1", "--layer", "s4"]), log=None)["model"]
+    rand = cli.run(_args(["--steps", "1", "--layer", "s4", "--init", "random"]), log=None)["model"]
+    a, b = hippo.layers[0].seq, rand.layers[0].seq
+    assert not np.allclose(np.asarray(a.Lambda_im[...]), np.asarray(b.Lambda_im[...]))
+    with pytest.raises(ValueError, match="--init inv does not apply to --layer s4"):
+        cli.run(_args(["--steps", "1", "--layer", "s4", "--init", "inv"]), log=None)
+    with pytest.raises(ValueError, match="--init"):
+        cli.run(_args(["--steps", "1", "--layer", "ssm", "--init", "random"]), log=None)
