@@ -136,7 +136,8 @@ def block_fft(x, n1):
     Write the input index as m = n2 m1 + m2 and the
     output index k = k1 + n1 k2 (m1, k1 < n1; m2, k2 < n2). Then
 
-        X[k1 + n1 k2] = sum_m2 w_N^(k1 m2) [sum_m1 x[n2 m1 + m2] w_n1^(k1 m1)] w_n2^(m2 k2)
+        X[k1 + n1 k2] = sum_m2 w_N^(k1 m2) [sum_m1 x[n2 m1 + m2] w_n1^(k1 m1)]
+                        w_n2^(m2 k2)
 
     with w_M = exp(-2 pi i / M): reshape x to an (n1, n2) table, multiply by
     the n1 x n1 DFT matrix from the left (n2 DFTs of length n1), multiply
@@ -226,8 +227,8 @@ class DiagonalSSM(nnx.Module):
     Lambda = -exp(log_Lambda_re) + i Lambda_im keeps the real part negative
     (stable); B = 1 is fixed (only C, Lambda, the step and D are learned); the
     kernel K_l = 2 Re sum_n C_n B_bar_n Lambda_bar_n^l (ZOH; `s4.kernel_diagonal`)
-    is computed by `vandermonde`. (`layers.S4DLayer` of chapter 5 differs: N/2 conjugate modes and
-    a learned B.) Used on its own it is the S4D baseline of chapter 7; H3 uses
+    is computed by `vandermonde`. (`layers.S4DLayer` of chapter 5 differs:
+    N/2 conjugate modes and a learned B.) Used on its own it is the S4D baseline of chapter 7; H3 uses
     one per head on the key-value memory.
     """
 

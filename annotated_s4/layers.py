@@ -179,7 +179,8 @@ class S4Layer(nnx.Module):
                 _complex(self.C[...]), jnp.exp(self.log_step[...]))
 
     def kernel(self, L=None):
-        """The per-channel kernel, shape (H, L); L defaults to (and may not exceed) self.L.
+        """The per-channel kernel, shape (H, L); L defaults to (and may not
+        exceed) self.L.
 
         C~ = C (I - Ab^L) ties the kernel to its length self.L, so a longer
         kernel is not available: asking for one raises.
@@ -247,7 +248,7 @@ class S4DLayer(nnx.Module):
         return Lambda, _complex(self.B[...]), _complex(self.C[...]), jnp.exp(self.log_step[...])
 
     def kernel(self, L=None):
-        """The per-channel kernel 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l), shape (H, L)."""
+        """The per-channel kernel 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l), (H, L)."""
         L = self.L if L is None else L
         Lambda, B, C, step = self.ssm_params()
         return jax.vmap(lambda Lm, B, C, s: kernel_diagonal(Lm, B, 2 * C, s, L))(

@@ -4,8 +4,8 @@ Each run is one command of the training CLI (`annotated_s4.cli`), listed in
 `RUNS`; its directory holds config.json, history.json, metrics.json and a
 pickle-free checkpoint.npz.
 
-    python -m annotated_s4.reference train [NAME ...]   # (re)train: make reference [RUN=NAME]
-    python -m annotated_s4.reference check [NAME ...]   # re-evaluate every committed run
+    python -m annotated_s4.reference train [NAME ...]  # = make reference [RUN=NAME]
+    python -m annotated_s4.reference check [NAME ...]  # re-evaluate committed runs
 
 `check` exits with status 1 if a run's metrics are no longer reproduced by
 the code, naming the run and the command that retrains it.

@@ -41,7 +41,8 @@ def _check_diagonal(Lambda, B, C):
 def discretize_diagonal(Lambda, B, step):
     """Zero-order-hold discretization of x' = diag(Lambda) x + B u.
 
-    Returns (Lambda_bar, B_bar) = (exp(step Lambda), (exp(step Lambda) - 1) / Lambda * B),
+    Returns (Lambda_bar, B_bar) = (exp(step Lambda),
+    (exp(step Lambda) - 1) / Lambda * B),
     so that x_k = Lambda_bar * x_{k-1} + B_bar u_k, elementwise. Lambda and B
     have the same shape ((N,), or (H, N) for H channels); step is positive and
     broadcasts against them (a scalar, or (H, 1)).
@@ -60,7 +61,8 @@ def discretize_diagonal(Lambda, B, step):
 
 
 def kernel_diagonal(Lambda, B, C, step, L):
-    """The kernel K_l = Re sum_n C_n B_bar_n Lambda_bar_n^l of a diagonal SSM, shape (L,).
+    """The kernel K_l = Re sum_n C_n B_bar_n Lambda_bar_n^l of a diagonal SSM,
+    shape (L,).
 
     A Vandermonde matrix-vector product: exp(step * Lambda * l) for every
     (n, l), contracted with C * B_bar. Complex in, real out (the pairs of
@@ -77,7 +79,7 @@ def kernel_diagonal(Lambda, B, C, step, L):
 
 
 def s4d_lin_init(N):
-    """S4D-Lin: Lambda_n = -1/2 + i pi n, n = 0 .. N/2 - 1 (N/2 conjugate-pair modes)."""
+    """S4D-Lin: Lambda_n = -1/2 + i pi n, n = 0 .. N/2 - 1 (N/2 conjugate pairs)."""
     N = _check_even_N(N)
     n = np.arange(N // 2)
     return jnp.asarray(-0.5 + 1j * np.pi * n, dtype=_complex_dtype())
@@ -290,7 +292,8 @@ def dplr_step(x, u, Lambda, P, Q, Bb, step, conj=False):
 
 
 def dplr_rnn(Lambda, P, Q, B, C, step, L, conj=False):
-    """(Bb, Cb) for `dplr_step`, shapes (N,), with y_k = Re(Cb x_k) (2 Re(...) with conj).
+    """(Bb, Cb) for `dplr_step`, shapes (N,), with y_k = Re(Cb x_k)
+    (2 Re(...) with conj).
 
     Bb = 2 A1 B is one O(N) Woodbury solve. Cb = C~^* (I - Ab^L)^{-1} needs
     the L-th power of Ab, taken densely by `discrete_DPLR` once, at set-up

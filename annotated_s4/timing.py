@@ -248,10 +248,11 @@ def generation_throughput(models, prompts, n_new, *, batch=8, repeats=3, seed=1,
     """Tokens per second of greedy decoding after prompts of several lengths.
 
     `models` maps a name to a function of max_len that builds a next-token
-    `StackedModel` (with vocab_size) able to hold max_len positions. For every (name, prompt
-    length P): the prompt is fed once in RNN mode (prefill, compiled, not
-    timed); then `n_new` tokens are generated from the state it left, in one
-    compiled `nnx.scan`, starting from that same state every time. The runs
+    `StackedModel` (with vocab_size) able to hold max_len positions. For every
+    (name, prompt length P): the prompt is fed once in RNN mode (prefill,
+    compiled, not timed); then `n_new` tokens are generated from the state it
+    left, in one compiled `nnx.scan`, starting from that same state every
+    time. The runs
     go round-robin over all (name, P) pairs, `repeats` + 1 rounds, the first
     round compiling and not counted, so that a slow period of the machine
     does not fall on one configuration only. Returns rows with layer, prompt,
