@@ -175,4 +175,5 @@ def test_glue_passes_numpy_scalars_as_python_numbers(monkeypatch):
     monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: seen.append(value))
     glue("a", np.float64(0.5), display=False)
     glue("b", "text", display=False)
-    assert seen == [0.5, "text"] and type(seen[0]) is float
+    assert seen[0] == 0.5 and type(seen[0]) is float
+    assert repr(seen[1]) == "text"   # a str shows as its text, without quotes
