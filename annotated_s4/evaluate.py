@@ -47,11 +47,12 @@ def load_run(directory):
 
 
 def evaluate_run(directory):
-    """The run's test metrics recomputed from its checkpoint, and the run."""
+    """The run's test metrics recomputed from its checkpoint, and the run:
+    its config, history and recorded metrics, and the loaded `model`."""
     model, data, run = load_run(directory)
     evaluation = evaluate(model, data["x_test"], data["y_test"])
     metrics = test_metrics(evaluation, data)
-    return {**metrics, **extra_metrics(data, model)}, run
+    return {**metrics, **extra_metrics(data, model)}, {**run, "model": model}
 
 
 def complete_digits(model, digits, *, seed=0, temperature=1.0):
