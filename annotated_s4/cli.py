@@ -74,13 +74,15 @@ COMPLETION_CLASSIFIER = "digits784-s4"
 def _completion_metrics(data, model):
     """The fraction of test digits whose top half, completed by the digit
     generator `model`, the reference classifier reads as the true digit (when
-    that run exists)."""
+    that run exists: in the repository, or published, see `reference.locate`)."""
     from .evaluate import completion_accuracy, load_run
-    from .reference import available, run_dir
+    from .reference import locate
 
-    if COMPLETION_CLASSIFIER not in available():
+    try:
+        directory = locate(COMPLETION_CLASSIFIER)
+    except FileNotFoundError:  # neither trained here nor in the package's manifest
         return {}
-    classifier = load_run(run_dir(COMPLETION_CLASSIFIER))[0]
+    classifier = load_run(directory)[0]
     accuracy, _ = completion_accuracy(model, classifier, data["x_test"], data["labels_test"])
     return {"completion_accuracy": accuracy}
 

@@ -38,28 +38,23 @@ MANIFEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference_r
 RAW_URL = "https://raw.githubusercontent.com/annotated-s4/annotated-s4-book/main/"
 
 # name -> the CLI options that make it (the output directory is added).
+# The 784-step classifiers share everything but the layer (and its options).
+_DIGITS784 = ["--dataset", "digits-784", "--d-model", "64", "--steps", "800", "--dropout", "0.1",
+              "--eval-every", "100", "--log-every", "50"]
 RUNS = {
     "digits64-s4": ["--dataset", "digits", "--layer", "s4", "--d-model", "64",
                     "--steps", "1600", "--dropout", "0.2", "--eval-every", "200",
                     "--log-every", "200"],
-    "digits784-s4": ["--dataset", "digits-784", "--layer", "s4", "--d-model", "64",
-                     "--steps", "800", "--dropout", "0.1", "--eval-every", "100",
-                     "--log-every", "50"],
-    "digits784-s4d": ["--dataset", "digits-784", "--layer", "s4d", "--d-model", "64",
-                      "--steps", "800", "--dropout", "0.1", "--eval-every", "100",
-                      "--log-every", "50"],
+    "digits784-s4": _DIGITS784 + ["--layer", "s4"],
+    "digits784-s4d": _DIGITS784 + ["--layer", "s4d"],
     # The HiPPO ablation: digits784-s4 with a random DPLR state matrix of the
     # same scale (layers.random_DPLR_like) in place of HiPPO.
-    "digits784-s4-random": ["--dataset", "digits-784", "--layer", "s4", "--init", "random",
-                            "--d-model", "64", "--steps", "800", "--dropout", "0.1",
-                            "--eval-every", "100", "--log-every", "50"],
+    "digits784-s4-random": _DIGITS784 + ["--layer", "s4", "--init", "random"],
     # The Part I SSM with about S4's parameter count (N = 4: 21,130 against
     # 20,202) and the same step budget. Its initial steps are 10x smaller:
     # with dt up to 0.1, a random A makes |eig(Ab)| up to 1.12 and Ab^784
     # overflows float32 before training starts.
-    "digits784-ssm": ["--dataset", "digits-784", "--layer", "ssm", "--d-model", "64",
-                      "--state-size", "4", "--dt-max", "0.01", "--steps", "800",
-                      "--dropout", "0.1", "--eval-every", "100", "--log-every", "50"],
+    "digits784-ssm": _DIGITS784 + ["--layer", "ssm", "--state-size", "4", "--dt-max", "0.01"],
     # The next-pixel generator; its metrics include completion_accuracy,
     # scored by digits784-s4 (train that first).
     "digitsgen-s4": ["--dataset", "digits-gen", "--layer", "s4", "--d-model", "128",
@@ -73,20 +68,17 @@ RUNS = {
 _CHARLM = ["--dataset", "charlm", "--n-layers", "4", "--state-size", "64", "--head-dim", "1",
            "--n-heads", "4", "--batch-size", "32", "--steps", "1200", "--dropout", "0.2",
            "--eval-every", "100", "--log-every", "100"]
+# Chapter 8's long-convolution language models, which it converts with ETSC.
+_LONGCONV = ["--dataset", "charlm", "--d-model", "64", "--batch-size", "32", "--steps", "2000",
+             "--eval-every", "200", "--log-every", "200"]
 RUNS.update({
     "charlm-h3": _CHARLM + ["--layer", "h3", "--d-model", "176"],
     "charlm-hybrid": _CHARLM + ["--layer", "hybrid", "--d-model", "184"],
     "charlm-attention": _CHARLM + ["--layer", "attention", "--d-model", "192"],
     "charlm-s4d": _CHARLM + ["--layer", "s4d", "--d-model", "288"],
-    # Chapter 8's long-convolution language models, which it converts with ETSC.
-    "tnn-charlm": ["--dataset", "charlm", "--layer", "tnn", "--d-model", "64",
-                   "--batch-size", "32", "--steps", "2000", "--eval-every", "200",
-                   "--log-every", "200"],
-    "sgconv-charlm": ["--dataset", "charlm", "--layer", "sgconv", "--d-model", "64",
-                      "--batch-size", "32", "--steps", "2000", "--eval-every", "200",
-                      "--log-every", "200"],
+    "tnn-charlm": _LONGCONV + ["--layer", "tnn"],
+    "sgconv-charlm": _LONGCONV + ["--layer", "sgconv"],
 })
-
 
 def run_dir(name, root=None):
     return os.path.join(root or ROOT, name)
