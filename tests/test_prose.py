@@ -31,11 +31,18 @@ Over every page of book/*.md, two checks:
      come into the text through ``{glue:text}`` from a cell that computes it,
      or be printed by the cell and not repeated in the prose.
 
-The test names each offending line, so that the fix is easy to find.
+3. **No hidden names.** A cell whose code the site does not show
+   (``remove-cell``, ``remove-input``) may compute and glue, but a name it
+   defines at top level (an import, an assignment, a function) must not be
+   used by a later cell whose code the reader sees: set-up that later cells
+   rely on goes in a ``hide-input`` cell, which the site shows behind a toggle.
+
+The tests name each offending line, so that the fix is easy to find.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -196,6 +203,52 @@ def lab_notes(path):
     return found
 
 
+CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(?::tags: \[([^\]]*)\]\n)?(.*?)^```$",
+                  re.S | re.M)
+
+
+def _defined(source):
+    """Top-level names a cell defines: imports, assignments, functions, classes."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
+            targets = {ast.Assign: lambda n: n.targets, ast.For: lambda n: [n.target],
+                       ast.With: lambda n: [i.optional_vars for i in n.items if i.optional_vars]
+                       }.get(type(node), lambda n: [n.target])(node)
+            names.update(t.id for tgt in targets for t in ast.walk(tgt)
+                         if isinstance(t, ast.Name))
+    return names
+
+
+def _used(source):
+    return {n.id for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def hidden_names(path):
+    """(line, name) for each visible cell's use of a name only a hidden cell defines."""
+    text = path.read_text()
+    hidden, found = {}, []
+    for m in CELL.finditer(text):
+        tags, source = m.group(1) or "", m.group(2)
+        lineno = text.count("\n", 0, m.start()) + 1
+        source = "\n".join(line for line in source.splitlines()   # IPython magics
+                           if not line.lstrip().startswith(("%", "!")))
+        if "remove-cell" in tags or "remove-input" in tags:
+            hidden.update(dict.fromkeys(_defined(source), lineno))
+            continue
+        defined = _defined(source)
+        found += [(lineno, name, hidden[name])
+                  for name in sorted((_used(source) - defined) & set(hidden))]
+        for name in defined:
+            hidden.pop(name, None)
+    return found
+
+
 def _param(path):
     reason = PENDING.get(path.name)
     marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
@@ -214,6 +267,25 @@ def test_every_number_in_the_prose_is_computed_or_cited(path):
     found = uncomputed_numbers(path)
     assert not found, ("numbers in the prose that no cell computes (glue them, or cite):\n"
                        + "\n".join(f"  {path.name}:{n}: {num} in: {s}" for n, num, s in found))
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in PAGES])
+def test_visible_cells_use_no_hidden_names(path):
+    found = hidden_names(path)
+    assert not found, ("visible cells use names defined in removed cells (tag those "
+                       "hide-input):\n" + "\n".join(
+                           f"  {path.name}:{n}: {name} (defined in the cell at line {d})"
+                           for n, name, d in found))
+
+
+def test_hidden_names_rule(tmp_path):
+    page = tmp_path / "x.md"
+    page.write_text(
+        "# T\n\n```{code-cell} ipython3\n:tags: [remove-cell]\n\nimport numpy as np\n"
+        "SCALE = 2\nglue('x', 1)\n```\n\n"
+        "```{code-cell} ipython3\n:tags: [hide-input]\n\nimport jax\n```\n\n"
+        "```{code-cell} ipython3\nSCALE = 3\nprint(jax, np.pi, SCALE)\n```\n")
+    assert [name for _, name, _ in hidden_names(page)] == ["np"]
 
 
 def test_the_rule_itself(tmp_path):
