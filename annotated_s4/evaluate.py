@@ -48,11 +48,12 @@ def load_run(directory):
 
 def evaluate_run(directory):
     """The run's test metrics recomputed from its checkpoint, and the run:
-    its config, history and recorded metrics, and the loaded `model`."""
+    its config, history and recorded metrics, the loaded `model` and the
+    `data` it was trained and tested on (the CLI's dataset dict)."""
     model, data, run = load_run(directory)
     evaluation = evaluate(model, data["x_test"], data["y_test"])
     metrics = test_metrics(evaluation, data)
-    return {**metrics, **extra_metrics(data, model)}, {**run, "model": model}
+    return {**metrics, **extra_metrics(data, model)}, {**run, "model": model, "data": data}
 
 
 def complete_digits(model, digits, *, seed=0, temperature=1.0):

@@ -80,6 +80,17 @@ RUNS.update({
     "sgconv-charlm": _LONGCONV + ["--layer", "sgconv"],
 })
 
+# Chapter 7's synthetic table (the H3 paper's Table 1 at small scale): two
+# layers of width 64 per sequence layer, 600 steps on 5,000 sequences of each
+# task. S4D has 32 complex modes (state size 64), as H3's diagonal SSM has.
+_SYNTHETIC = ["--d-model", "64", "--steps", "600", "--eval-every", "50", "--log-every", "100"]
+_SYNTHETIC_LAYERS = {"s4d": ["--layer", "s4d", "--state-size", "64"],
+                     "h3": ["--layer", "h3", "--head-dim", "8", "--state-size", "32"],
+                     "attention": ["--layer", "attention", "--n-heads", "4"]}
+RUNS.update({f"{task}-{layer}": ["--dataset", task] + _SYNTHETIC + options
+             for task in ("induction-head", "associative-recall")
+             for layer, options in _SYNTHETIC_LAYERS.items()})
+
 def run_dir(name, root=None):
     return os.path.join(root or ROOT, name)
 
