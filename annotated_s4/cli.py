@@ -103,13 +103,15 @@ def _mnist(args):
 # (sequence length, vocabulary size) used when --seq-len / --vocab-size are not
 # given: the recall tasks at the sizes of the H3 paper's table, and the
 # character language model's window length (its vocabulary is the text's).
-RECALL_DEFAULTS = {"induction-head": (30, 20), "associative-recall": (20, 10)}
+RECALL_DEFAULTS = {"induction-head": (30, 20), "associative-recall": (20, 10),
+                   "delayed-recall": (256, 16)}
 CHARLM_DEFAULTS = {"seq_len": 128, "n_train": 20000, "n_test": 512}
 
 
 def _recall(name):
-    """The synthetic recall tasks of chapter 7 (H3): the label is the final
-    token; the model reads the sequence causally and is scored there only."""
+    """A synthetic recall task (chapter 7's two, chapter 6's delayed recall):
+    the label is the final token; the model reads the sequence causally and
+    is scored there only."""
     def load(args):
         from . import data as d
 
@@ -149,6 +151,7 @@ DATASETS = {
     "mnist": _mnist,
     "induction-head": _recall("induction_head"),
     "associative-recall": _recall("associative_recall"),
+    "delayed-recall": _recall("delayed_recall"),
     "charlm": _charlm,
 }
 
@@ -240,7 +243,9 @@ def build_parser():
                    help="digits: 8x8 digits as 64-step sequences; digits-784: upsampled "
                         "to 28x28 = 784 steps; digits-gen: next-pixel generation; "
                         "induction-head, associative-recall: the synthetic recall tasks "
-                        "of chapter 7, scored on the final position; charlm: characters "
+                        "of chapter 7, scored on the final position; delayed-recall: name "
+                        "the first token after seq-len - 1 others (chapter 6's memory "
+                        "experiment); charlm: characters "
                         "of the Python documentation; mnist: 784-step sequential MNIST "
                         "(needs a download)")
     p.add_argument("--layer", choices=sorted(LAYERS), default="s4",

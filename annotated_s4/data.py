@@ -38,6 +38,7 @@ __all__ = [
     "load_mnist",
     "induction_head",
     "associative_recall",
+    "delayed_recall",
 ]
 
 DIGIT_LEVELS = 17  # the sklearn digits take the integer values 0..16
@@ -189,6 +190,25 @@ def induction_head(rng, n, seq_len=30, vocab_size=20):
     x[:, -1] = special
     y = x[rows, p + 1]
     return x.astype(np.int32), y.astype(np.int32)
+
+
+def delayed_recall(rng, n, seq_len=256, vocab_size=16):
+    """Remember the first token across the whole sequence.
+
+    x[0] is one of the vocab_size // 2 *signal* tokens 0..vocab_size//2 - 1;
+    the other tokens are *noise*, drawn from the remaining tokens. The answer
+    is x[0], asked for after seq_len - 1 tokens: a model that reads causally
+    must carry one token through its state for the whole length, and chance
+    is 1 / (vocab_size // 2).
+
+    Returns (x, y): x int32 of shape (n, seq_len - 1), y int32 of shape (n,).
+    """
+    _check_task_args(n, seq_len, vocab_size, 3, 4)
+    n_signals = vocab_size // 2
+    x = rng.integers(n_signals, vocab_size, size=(n, seq_len - 1))
+    x[:, 0] = rng.integers(0, n_signals, size=n)
+    x = x.astype(np.int32)
+    return x, x[:, 0].copy()
 
 
 def associative_recall(rng, n, seq_len=20, vocab_size=10):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from annotated_s4.data import associative_recall, induction_head
+from annotated_s4.data import associative_recall, delayed_recall, induction_head
 
 
 def test_induction_head_structure():
@@ -33,13 +33,22 @@ def test_associative_recall_structure():
     assert len(np.unique(y)) == 5
 
 
+def test_delayed_recall_structure():
+    x, y = delayed_recall(np.random.default_rng(2), 500, seq_len=64, vocab_size=16)
+    assert x.shape == (500, 63) and y.shape == (500,)
+    assert x.dtype == np.int32 and y.dtype == np.int32
+    assert (x[:, 0] == y).all() and (y < 8).all()                 # a signal token first
+    assert (x[:, 1:] >= 8).all() and (x[:, 1:] < 16).all()        # then noise only
+    assert len(np.unique(y)) == 8 and len(np.unique(x[:, 1:])) == 8
+
+
 def test_tasks_are_deterministic():
     a = associative_recall(np.random.default_rng(3), 10)
     b = associative_recall(np.random.default_rng(3), 10)
     assert all((p == q).all() for p, q in zip(a, b))
 
 
-@pytest.mark.parametrize("gen", [induction_head, associative_recall])
+@pytest.mark.parametrize("gen", [induction_head, associative_recall, delayed_recall])
 def test_task_bad_arguments(gen):
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="n must be positive"):
