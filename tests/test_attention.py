@@ -9,6 +9,10 @@ from flax import nnx
 from annotated_s4.attention import CausalSelfAttention, cached_attention
 
 
+def _u(shape, seed=0):
+    return jax.random.normal(jax.random.PRNGKey(seed), shape)
+
+
 def _dense(q, k, v, length):
     scores = jnp.einsum("bhd,bkhd->bhk", q, k[:, :length]) / np.sqrt(q.shape[-1])
     return jnp.einsum("bhk,bkhd->bhd", jax.nn.softmax(scores, -1), v[:, :length])
@@ -53,3 +57,34 @@ def test_cached_attention_checks_block():
         cached_attention(jnp.ones((1, 1, 2)), jnp.ones((1, 10, 1, 2)), jnp.ones((1, 10, 1, 2)), 3, 4)
     with pytest.raises(ValueError, match="step_block"):
         CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, step_block=0)
+
+
+def test_attention_is_causal():
+    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2)
+    u = _u((1, 10, 8))
+    y1 = layer(u)
+    y2 = layer(u.at[:, 6:].set(0.0))
+    assert jnp.allclose(y1[:, :6], y2[:, :6], atol=1e-5)
+    assert not jnp.allclose(y1[:, 6:], y2[:, 6:], atol=1e-3)
+
+
+def test_attention_refuses_sequences_longer_than_max_len():
+    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, max_len=4)
+    with pytest.raises(ValueError, match="more than max_len = 4"):
+        layer(_u((1, 5, 8)))
+    assert layer(_u((1, 4, 8))).shape == (1, 4, 8)
+    # RNN mode, eager: the fifth step raises instead of overwriting slot 3
+    layer.init_cache(1)
+    for t in range(4):
+        layer.step(_u((1, 8), seed=t))
+    with pytest.raises(ValueError, match="cache is full"):
+        layer.step(_u((1, 8)))
+
+
+def test_attention_step_past_max_len_under_jit_is_nan():
+    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, max_len=3)
+    step = nnx.jit(lambda layer, u: layer.step(u))
+    layer.init_cache(2)
+    outs = [step(layer, _u((2, 8), seed=t)) for t in range(4)]
+    assert all(jnp.isfinite(o).all() for o in outs[:3])
+    assert jnp.isnan(outs[3]).all()

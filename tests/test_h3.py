@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4 import CausalSelfAttention, LastTokenModel, StackedModel, causal_convolution
+from annotated_s4 import CausalSelfAttention, StackedModel, causal_convolution
 from annotated_s4.h3 import (
     DiagonalSSM, H3Layer, ShiftSSM, causal_conv, shift_kernel, shift_matrix,
 )
@@ -99,15 +99,6 @@ def test_rnn_mode_equals_cnn_mode(make):
     assert jnp.allclose(_run_rnn(layer, u), layer(u), atol=1e-4)
 
 
-def test_attention_is_causal():
-    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2)
-    u = _u((1, 10, 8))
-    y1 = layer(u)
-    y2 = layer(u.at[:, 6:].set(0.0))
-    assert jnp.allclose(y1[:, :6], y2[:, :6], atol=1e-5)
-    assert not jnp.allclose(y1[:, 6:], y2[:, 6:], atol=1e-3)
-
-
 fft_conv = functools.partial(causal_convolution, nofft=False)
 toeplitz_conv = functools.partial(causal_convolution, nofft=True)
 
@@ -151,16 +142,6 @@ def test_stacked_generation_equals_parallel():
     for t in range(9):
         assert jnp.allclose(model.step(prev), logp[:, t], atol=1e-4)
         prev = x[:, t]
-
-
-def test_last_token_model_sees_whole_input():
-    inner = StackedModel(lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4), 5, 8, 1,
-                         rngs=nnx.Rngs(0), vocab_size=5, classification=False)
-    model = LastTokenModel(inner)
-    x = jnp.zeros((2, 6), jnp.int32)
-    out = model(x)
-    assert out.shape == (2, 5)
-    assert not jnp.allclose(out, model(x.at[:, -1].set(3)), atol=1e-6)
 
 
 def test_bad_arguments_raise():
@@ -245,43 +226,6 @@ def test_chunk_survives_underflowing_decay():
     y, (k_new, x_new) = layer.chunk(u, layer.init_state(1))
     assert jnp.isfinite(y).all() and jnp.isfinite(x_new).all()
     assert jnp.allclose(layer.chunked(u, 8), layer(u), atol=1e-4)
-
-
-def test_attention_refuses_sequences_longer_than_max_len():
-    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, max_len=4)
-    with pytest.raises(ValueError, match="more than max_len = 4"):
-        layer(_u((1, 5, 8)))
-    assert layer(_u((1, 4, 8))).shape == (1, 4, 8)
-    # RNN mode, eager: the fifth step raises instead of overwriting slot 3
-    layer.init_cache(1)
-    for t in range(4):
-        layer.step(_u((1, 8), seed=t))
-    with pytest.raises(ValueError, match="cache is full"):
-        layer.step(_u((1, 8)))
-
-
-def test_attention_step_past_max_len_under_jit_is_nan():
-    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, max_len=3)
-    step = nnx.jit(lambda layer, u: layer.step(u))
-    layer.init_cache(2)
-    outs = [step(layer, _u((2, 8), seed=t)) for t in range(4)]
-    assert all(jnp.isfinite(o).all() for o in outs[:3])
-    assert jnp.isnan(outs[3]).all()
-
-
-def test_hybrid_alternates_and_restarts_per_model():
-    make_h3 = lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4, state_size=4)
-    make_attn = lambda H, rngs: CausalSelfAttention(H, rngs=rngs, n_heads=2, max_len=16)
-    factory = [make_h3, make_attn]
-    kinds = lambda m: [type(b.seq).__name__ for b in m.layers]
-    build = lambda: StackedModel(factory, 5, 8, 3, rngs=nnx.Rngs(0), vocab_size=5,
-                                 classification=False)
-    first, second = build(), build()   # an odd layer count must not shift the cycle
-    assert kinds(first) == kinds(second) == ["H3Layer", "CausalSelfAttention", "H3Layer"]
-    with pytest.raises(TypeError, match="non-empty list"):
-        StackedModel([], 5, 8, 3, rngs=nnx.Rngs(0))
-    with pytest.raises(TypeError, match="layer factory"):
-        StackedModel([make_h3, 3], 5, 8, 3, rngs=nnx.Rngs(0))
 
 
 # --- The fast Vandermonde kernel and the block FFT (float64) --------------------

@@ -1,15 +1,16 @@
-"""Part I layers: SSMLayer (CNN and RNN modes), SequenceBlock, StackedModel."""
+"""Tests for annotated_s4.layers: SSMLayer (CNN and RNN modes), S4Layer and S4DLayer."""
 
 import functools
 
-import annotated_s4  # noqa: F401
+import annotated_s4  # noqa: F401  (sets the XLA flag first)
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4 import K_conv, SequenceBlock, SSMLayer, StackedModel, causal_convolution
+from annotated_s4 import K_conv, S4DLayer, S4Layer, SSMLayer, StackedModel
+from annotated_s4.hippo import make_DPLR_HiPPO
 from annotated_s4.layers import log_step_initializer
 
 
@@ -17,19 +18,6 @@ def test_log_step_initializer_range():
     x = log_step_initializer(jax.random.PRNGKey(0), (1000,), 0.001, 0.1)
     assert float(x.min()) >= np.log(0.001) and float(x.max()) <= np.log(0.1)
     assert float(x.max()) - float(x.min()) > 0.9 * (np.log(0.1) - np.log(0.001))
-
-
-def test_batched_convolution_matches_single():
-    u = jax.random.normal(jax.random.PRNGKey(0), (3, 20, 4))
-    K = jax.random.normal(jax.random.PRNGKey(1), (4, 20))
-    y = causal_convolution(u, K, axis=1)
-    for b in range(3):
-        for h in range(4):
-            np.testing.assert_allclose(y[b, :, h], causal_convolution(u[b, :, h], K[h]), atol=1e-4)
-    with pytest.raises(ValueError, match="K"):
-        causal_convolution(u, K[:, :10], axis=1)
-    with pytest.raises(ValueError, match="axis"):
-        causal_convolution(u[0, :, 0], K, axis=1)
 
 
 def test_ssm_layer_kernel_is_K_conv():
@@ -63,57 +51,6 @@ def test_ssm_layer_errors():
         SSMLayer(H=0, N=8, L=32, rngs=nnx.Rngs(1))
 
 
-def test_sequence_block_residual_and_step():
-    block = SequenceBlock(functools.partial(SSMLayer, N=4, L=16), 8, rngs=nnx.Rngs(0))
-    x = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8))
-    y = block(x)
-    assert y.shape == x.shape
-    block.init_cache(2)
-    y_rnn = jnp.stack([block.step(x[:, k]) for k in range(16)], axis=1)
-    np.testing.assert_allclose(y, y_rnn, atol=1e-4)
-
-
-def test_stacked_classifier_shapes_and_causality():
-    model = StackedModel(functools.partial(SSMLayer, N=4, L=16), d_output=10, d_model=8,
-                         n_layers=2, rngs=nnx.Rngs(0))
-    logp = model(jnp.ones((3, 16, 1)))
-    assert logp.shape == (3, 10)
-    np.testing.assert_allclose(jnp.exp(logp).sum(-1), 1.0, rtol=1e-5)
-    with pytest.raises(ValueError, match="d_input"):
-        model(jnp.ones((3, 16)))
-    with pytest.raises(ValueError, match="classification"):
-        model.init_cache(3)
-
-
-def test_stacked_generator_is_causal_and_rnn_matches():
-    model = StackedModel(functools.partial(SSMLayer, N=4, L=12), d_output=5, d_model=8, n_layers=2,
-                         rngs=nnx.Rngs(0), vocab_size=5, classification=False)
-    model.eval()
-    x = jax.random.randint(jax.random.PRNGKey(1), (2, 12), 0, 5)
-    logp = model(x)
-    assert logp.shape == (2, 12, 5)
-    # Output k must not depend on input k or later (it predicts input k).
-    x2 = x.at[:, 6:].set((x[:, 6:] + 1) % 5)
-    np.testing.assert_allclose(model(x2)[:, :7], logp[:, :7], atol=1e-5)
-    assert not np.allclose(model(x2)[:, 7:], logp[:, 7:], atol=1e-3)
-    # RNN mode, fed the previous token, reproduces the parallel log-probabilities.
-    model.init_cache(2)
-    prev = jnp.full((2,), model.start_token)
-    steps = []
-    for k in range(12):
-        steps.append(model.step(prev))
-        prev = x[:, k]
-    np.testing.assert_allclose(jnp.stack(steps, 1), logp, atol=1e-4)
-    with pytest.raises(TypeError, match="integer tokens"):
-        model(jnp.ones((2, 12)))
-
-
-def test_stacked_model_bad_layers():
-    with pytest.raises(ValueError, match="n_layers"):
-        StackedModel(functools.partial(SSMLayer, N=4, L=12), d_output=5, d_model=8, n_layers=0,
-                     rngs=nnx.Rngs(0))
-
-
 def test_ssm_layer_init_is_per_channel():
     """lecun_normal per channel: the H axis is not in the fan-in, std(A) ~ 1/sqrt(N)."""
     H, N = 64, 16
@@ -124,3 +61,195 @@ def test_ssm_layer_init_is_per_channel():
     assert abs(float(B.std()) * N**0.5 - 1.0) < 0.1
     assert abs(float(C.std()) - 1.0) < 0.1
     assert abs(float(A.mean())) < 0.01
+
+
+# --- S4Layer and S4DLayer -----------------------------------------------------
+
+
+H, N, L, BATCH = 3, 8, 32, 2
+
+LAYERS = [
+    ("s4", functools.partial(S4Layer, N=N, L=L)),
+    ("s4d-lin", functools.partial(S4DLayer, N=N, L=L, init="lin")),
+    ("s4d-inv", functools.partial(S4DLayer, N=N, L=L, init="inv")),
+]
+
+
+def _rnn(layer, u):
+    layer.init_cache(u.shape[0])
+    step = nnx.jit(lambda layer, u_t: layer.step(u_t))
+    return jnp.stack([step(layer, u[:, k]) for k in range(u.shape[1])], axis=1)
+
+
+@pytest.mark.parametrize("name,make", LAYERS)
+def test_cnn_equals_rnn(name, make):
+    layer = make(H, rngs=nnx.Rngs(0))
+    u = jax.random.normal(jax.random.PRNGKey(1), (BATCH, L, H))
+    y_cnn = layer(u)
+    y_rnn = _rnn(layer, u)
+    assert y_cnn.shape == (BATCH, L, H)
+    scale = float(jnp.abs(y_cnn).max())
+    assert float(jnp.abs(y_cnn - y_rnn).max()) < 1e-4 * scale, name
+
+
+@pytest.mark.parametrize("name,make", LAYERS)
+def test_shorter_input_is_causal_prefix(name, make):
+    layer = make(H, rngs=nnx.Rngs(0))
+    u = jax.random.normal(jax.random.PRNGKey(2), (BATCH, L, H))
+    assert np.allclose(layer(u[:, :10]), layer(u)[:, :10], atol=1e-5)
+    with pytest.raises(ValueError, match="L"):
+        layer(jnp.zeros((1, L + 1, H)))
+    with pytest.raises(ValueError, match="u"):
+        layer(jnp.zeros((1, L, H + 1)))
+
+
+@pytest.mark.parametrize("name,make", LAYERS)
+def test_params_get_gradients(name, make):
+    layer = make(H, rngs=nnx.Rngs(0))
+    u = jax.random.normal(jax.random.PRNGKey(3), (BATCH, L, H))
+    grads = nnx.grad(lambda m: jnp.sum(m(u) ** 2))(layer)
+    leaves = jax.tree_util.tree_leaves(grads)
+    assert leaves and all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
+    assert float(jnp.abs(grads.log_step[...]).sum()) > 0
+    assert float(jnp.abs(grads.C[...]).sum()) > 0
+
+
+def test_s4_is_hippo_initialised_and_stable():
+    layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
+    Lambda, P, B, C, step = layer.ssm_params()
+    Lambda0, P0, B0, _ = make_DPLR_HiPPO(N, conj=True)
+    assert np.allclose(Lambda.real, -0.5, atol=1e-6)
+    # the whole DPLR HiPPO, not only its real part: one shared copy (float32)
+    # of the N/2 modes with Im Lambda > 0 (the others are their conjugates)
+    assert Lambda.shape == P.shape == B.shape == (N // 2,)
+    assert np.all(Lambda.imag > 0)
+    np.testing.assert_allclose(Lambda.imag, Lambda0.imag, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(P, P0, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(B, B0, rtol=1e-6, atol=1e-6)
+    assert C.shape == (H, N // 2) and step.shape == (H,)
+    with pytest.raises(ValueError, match="N must be even"):
+        S4Layer(H, 7, L, rngs=nnx.Rngs(0))
+
+
+def test_s4_kernel_length_is_at_most_L():
+    layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
+    assert layer.kernel(10).shape == (H, 10)
+    np.testing.assert_allclose(layer.kernel(10), layer.kernel()[:, :10], rtol=1e-6)
+    with pytest.raises(ValueError, match="L must be an int in"):
+        layer.kernel(L + 1)
+    with pytest.raises(ValueError, match="L must be an int in"):
+        layer.kernel(0)
+
+
+_F64_CNN_RNN = """
+import functools, jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+from flax import nnx
+from annotated_s4.layers import S4DLayer, S4Layer
+u = jax.random.normal(jax.random.PRNGKey(1), (2, 64, 3))
+for make in [functools.partial(S4Layer, N=16, L=64),
+             functools.partial(S4DLayer, N=16, L=64, init="lin"),
+             functools.partial(S4DLayer, N=16, L=64, init="inv")]:
+    layer = make(3, rngs=nnx.Rngs(0))
+    assert layer.C[...].dtype == jnp.float64 and layer.Lambda_im[...].dtype == jnp.float64
+    y_cnn = layer(u)
+    layer.init_cache(2)
+    assert layer.cache[...].dtype == jnp.complex128
+    y_rnn = jnp.stack([layer.step(u[:, k]) for k in range(64)], axis=1)
+    assert y_cnn.dtype == y_rnn.dtype == jnp.float64
+    err = float(jnp.abs(y_cnn - y_rnn).max() / jnp.abs(y_cnn).max())
+    assert err < 1e-10, (type(layer).__name__, err)
+print("ok")
+"""
+
+
+_F64_STEP = """
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+from flax import nnx
+from annotated_s4.layers import S4Layer
+from annotated_s4.s4 import discrete_DPLR, unfold_conj
+H, N, L = 3, 16, 64
+layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
+u = jax.random.normal(jax.random.PRNGKey(1), (2, L, H))
+layer.init_cache(2)
+assert layer.cache[...].shape == (2, H, N // 2)
+y_fast = jnp.stack([layer.step(u[:, k]) for k in range(L)], axis=1)
+# the dense step: Ab (H, N, N) over all N modes, unfolded from the N/2 stored ones
+Lambda, P, B, C, step = layer.ssm_params()
+Ab, Bb, Cb = jax.vmap(lambda C, s: discrete_DPLR(*unfold_conj(Lambda, P, P, B, C), s, L))(C, step)
+x = jnp.zeros((2, H, N), complex)
+ys = []
+for k in range(L):
+    x = jnp.einsum("hnm,bhm->bhn", Ab, x) + Bb[..., 0] * u[:, k, :, None]
+    ys.append(jnp.einsum("hn,bhn->bh", Cb[:, 0], x).real + layer.D[...] * u[:, k])
+y_dense = jnp.stack(ys, axis=1)
+err = float(jnp.abs(y_fast - y_dense).max() / jnp.abs(y_dense).max())
+assert err < 1e-10, err
+print("ok", err)
+"""
+
+
+def test_O_N_step_equals_dense_step_float64():
+    """S4Layer.step (diagonal plus rank one, O(N)) == the dense Ab step, 1e-10 in float64."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _F64_STEP], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith("ok")
+
+
+def test_cnn_equals_rnn_float64():
+    """In float64 the two modes agree to 1e-10 relative: the float32 gap is rounding."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _F64_CNN_RNN], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_params_follow_default_float_dtype():
+    for layer in [S4Layer(H, N, L, rngs=nnx.Rngs(0)), S4DLayer(H, N, L, rngs=nnx.Rngs(0))]:
+        for leaf in jax.tree_util.tree_leaves(nnx.state(layer, nnx.Param)):
+            assert leaf.dtype == jnp.float32
+
+
+def test_s4d_errors():
+    with pytest.raises(ValueError, match="init"):
+        S4DLayer(H, N, L, rngs=nnx.Rngs(0), init="legs")
+    layer = S4DLayer(H, N, L, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="init_cache"):
+        layer.step(jnp.zeros((1, H)))
+
+
+def test_generation_model_rnn_matches_cnn():
+    model = StackedModel(functools.partial(S4Layer, N=N, L=16), d_output=5, d_model=4,
+                         n_layers=2, rngs=nnx.Rngs(0), vocab_size=5, classification=False)
+    x = jax.random.randint(jax.random.PRNGKey(4), (2, 16), 0, 5)
+    logp = model(x)
+    model.init_cache(2)
+    prev = jnp.full((2,), model.start_token)
+    outs = []
+    for k in range(16):
+        outs.append(model.step(prev))
+        prev = x[:, k]
+    assert np.allclose(jnp.stack(outs, 1), logp, atol=1e-4)
+
+
+def test_random_DPLR_keeps_the_scale_of_hippo_but_not_its_structure():
+    from annotated_s4.hippo import make_DPLR_HiPPO
+    from annotated_s4.layers import random_DPLR_like
+
+    Lambda, P, B, _ = make_DPLR_HiPPO(16, conj=True)
+    rL, rP, rB = random_DPLR_like(jax.random.PRNGKey(0), Lambda, P, B)
+    np.testing.assert_allclose(rL.real, Lambda.real)
+    assert 0 <= rL.imag.min() and rL.imag.max() <= Lambda.imag.max()
+    np.testing.assert_allclose(np.linalg.norm(rP), np.linalg.norm(P), rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(rB), np.linalg.norm(B), rtol=1e-5)
+    assert not np.allclose(np.abs(rP), np.abs(P), rtol=0.1)
+    with pytest.raises(ValueError, match="init"):
+        S4Layer(4, 8, 16, rngs=nnx.Rngs(0), init="legs")

@@ -215,22 +215,3 @@ def test_diagonal_and_generating_function_errors():
         kernel_diagonal(lam, b, b, np.array([0.1, 0.2]), 8)
     with pytest.raises(TypeError, match="gen"):
         conv_from_gen(np.ones(8), 8)
-
-
-def test_s4_timing_helpers():
-    """The measuring code shared by benchmarks/bench_s4.py and chapter 5 (no timing asserts)."""
-    from annotated_s4.timing import kernel_fns, kernel_scaling, linearity, loglog_slope
-
-    Ls = [256, 1024, 4096]
-    assert abs(loglog_slope(Ls, [1e-6 * L for L in Ls]) - 1.0) < 1e-9
-    assert abs(loglog_slope(Ls + [8192], [1e-9 * L**2 for L in Ls] + [None]) - 2.0) < 1e-9
-    assert linearity(1.1).startswith("close to linear")
-    assert linearity(0.3).startswith("sublinear") and linearity(2.0).startswith("superlinear")
-    with pytest.raises(ValueError, match="two lengths"):
-        loglog_slope([256], [1.0])
-    with pytest.raises(ValueError, match="kernels must be among"):
-        kernel_scaling([64], kernels=("fft",))
-    fns = kernel_fns(8, 64)  # the naive and generating-function kernels of one SSM agree
-    np.testing.assert_allclose(fns["generating_function"](), fns["naive"](), atol=1e-4)
-    t = kernel_scaling([32, 64], N=8, H=2, max_L={"generating_function": 32}, repeats=1)
-    assert t["generating_function"][1] is None and all(s > 0 for s in t["dplr"])

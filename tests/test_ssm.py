@@ -242,3 +242,16 @@ def test_reference_solution_bad_input():
 def test_reference_solution_at_time_zero():
     y = reference_solution(np.eye(2) * -1, np.ones((2, 1)), np.ones((1, 2)), lambda s: 1.0, [0.0])
     np.testing.assert_array_equal(y, [0.0])
+
+
+def test_batched_convolution_matches_single():
+    u = jax.random.normal(jax.random.PRNGKey(0), (3, 20, 4))
+    K = jax.random.normal(jax.random.PRNGKey(1), (4, 20))
+    y = causal_convolution(u, K, axis=1)
+    for b in range(3):
+        for h in range(4):
+            np.testing.assert_allclose(y[b, :, h], causal_convolution(u[b, :, h], K[h]), atol=1e-4)
+    with pytest.raises(ValueError, match="K"):
+        causal_convolution(u, K[:, :10], axis=1)
+    with pytest.raises(ValueError, match="axis"):
+        causal_convolution(u[0, :, 0], K, axis=1)

@@ -1,5 +1,6 @@
 """Tests for annotated_s4.timing: the shared timing helpers."""
 
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -40,3 +41,36 @@ def test_bad_arguments_raise():
         layer_scaling({"x": None}, [0], 8)
     with pytest.raises(ValueError, match="at least one layer"):
         layer_scaling({}, [16], 8)
+
+
+def test_s4_timing_helpers():
+    """The measuring code shared by benchmarks/bench_s4.py and chapter 5 (no timing asserts)."""
+    from annotated_s4.timing import kernel_fns, kernel_scaling, linearity, loglog_slope
+
+    Ls = [256, 1024, 4096]
+    assert abs(loglog_slope(Ls, [1e-6 * L for L in Ls]) - 1.0) < 1e-9
+    assert abs(loglog_slope(Ls + [8192], [1e-9 * L**2 for L in Ls] + [None]) - 2.0) < 1e-9
+    assert linearity(1.1).startswith("close to linear")
+    assert linearity(0.3).startswith("sublinear") and linearity(2.0).startswith("superlinear")
+    with pytest.raises(ValueError, match="two lengths"):
+        loglog_slope([256], [1.0])
+    with pytest.raises(ValueError, match="kernels must be among"):
+        kernel_scaling([64], kernels=("fft",))
+    fns = kernel_fns(8, 64)  # the naive and generating-function kernels of one SSM agree
+    np.testing.assert_allclose(fns["generating_function"](), fns["naive"](), atol=1e-4)
+    t = kernel_scaling([32, 64], N=8, H=2, max_L={"generating_function": 32}, repeats=1)
+    assert t["generating_function"][1] is None and all(s > 0 for s in t["dplr"])
+
+
+def test_time_fn():
+    assert time_fn(lambda: sum(range(1000)), repeats=3) > 0
+    with pytest.raises(ValueError, match="repeats"):
+        time_fn(lambda: 0, repeats=0)
+
+
+def test_convolution_timings_rows():
+    from annotated_s4.timing import convolution_timings
+
+    rows = convolution_timings([32, 64], N=4, repeats=1)
+    assert [r["L"] for r in rows] == [32, 64]
+    assert all(r[k] > 0 for r in rows for k in ("fft_s", "direct_s", "scan_s"))

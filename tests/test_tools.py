@@ -1,4 +1,4 @@
-"""The book's own tooling: source display, the notebook generator, the site checker, timing."""
+"""The book's own tooling: the notebook generator, the site checker, the configured versions."""
 
 import sys
 from pathlib import Path
@@ -10,18 +10,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import check_site  # noqa: E402
 import notebooks  # noqa: E402
-
-from annotated_s4 import discretize  # noqa: E402
-from annotated_s4.plotting import mass_spring_animation, source  # noqa: E402
-from annotated_s4.timing import time_fn  # noqa: E402
-
-
-def test_source_is_the_package_code():
-    text = source(discretize)
-    assert text.startswith("def discretize(A, B, C, step):")
-    assert "jnp.linalg.inv" in text
-    with pytest.raises(TypeError, match="source"):
-        source(3)
 
 
 def test_generated_notebooks_have_install_cell_with_config_url():
@@ -81,32 +69,6 @@ def test_check_site_finds_problems(tmp_path, body, problem):
     assert len(problems) == 1 and problem in problems[0]
 
 
-def test_animation_writes_a_gif(tmp_path):
-    import numpy as np
-    from PIL import Image
-
-    t = np.linspace(0, 1, 20)
-    path = mass_spring_animation(t, np.sin(t), np.cos(t), str(tmp_path / "a.gif"), frames=5)
-    with Image.open(path) as im:
-        assert im.format == "GIF" and im.n_frames == 5
-    with pytest.raises(ValueError, match="frames"):
-        mass_spring_animation(t, t, t, str(tmp_path / "b.gif"), frames=50)
-
-
-def test_time_fn():
-    assert time_fn(lambda: sum(range(1000)), repeats=3) > 0
-    with pytest.raises(ValueError, match="repeats"):
-        time_fn(lambda: 0, repeats=0)
-
-
-def test_convolution_timings_rows():
-    from annotated_s4.timing import convolution_timings
-
-    rows = convolution_timings([32, 64], N=4, repeats=1)
-    assert [r["L"] for r in rows] == [32, 64]
-    assert all(r[k] > 0 for r in rows for k in ("fft_s", "direct_s", "scan_s"))
-
-
 @pytest.mark.parametrize("body,raw", [
     ("<p>| data | layer | | --- | --- | | a | b |</p>", True),
     ("<p>|:---|---:|</p>", True),
@@ -118,24 +80,6 @@ def test_check_site_finds_raw_markdown_tables(tmp_path, body, raw):
     problems = _site(tmp_path, body)
     assert len(problems) == (1 if raw else 0)
     assert not raw or "raw text" in problems[0]
-
-
-def test_show_captions_the_source_file_and_line(monkeypatch):
-    import IPython.display
-
-    from annotated_s4 import plotting
-
-    shown = []
-    monkeypatch.setattr(IPython.display, "display", shown.append)
-    plotting.show(discretize)
-    text = shown[0].data
-    path, first, last = plotting.source_location(discretize)
-    assert path == "annotated_s4/ssm.py" and first < last
-    lines = (ROOT / path).read_text().splitlines()
-    assert lines[first - 1].startswith("def discretize(")
-    assert text.startswith(f"[`annotated_s4/ssm.py:{first}`]({plotting.REPOSITORY}/blob/main/"
-                           f"annotated_s4/ssm.py#L{first}-L{last})")
-    assert "```python\ndef discretize(" in text
 
 
 def test_show_links_to_the_configured_repository():
@@ -162,18 +106,3 @@ def test_colab_install_cell_pins_the_tested_versions():
     source = notebooks.install_cell(notebooks.repository_url()).source
     for name in notebooks.COLAB_PINS + ("jax",):
         assert f"{name}=={versions[name]}" in source, name
-
-
-def test_glue_passes_numpy_scalars_as_python_numbers(monkeypatch):
-    """myst-nb formats text/plain: np.float64(0.5) must reach it as 0.5."""
-    import myst_nb
-    import numpy as np
-
-    from annotated_s4.plotting import glue
-
-    seen = []
-    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: seen.append(value))
-    glue("a", np.float64(0.5), display=False)
-    glue("b", "text", display=False)
-    assert seen[0] == 0.5 and type(seen[0]) is float
-    assert repr(seen[1]) == "text"   # a str shows as its text, without quotes

@@ -1,0 +1,89 @@
+"""Tests for annotated_s4.models: SequenceBlock, StackedModel and LastTokenModel."""
+
+import functools
+
+import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from annotated_s4 import CausalSelfAttention, H3Layer, LastTokenModel, SequenceBlock
+from annotated_s4 import SSMLayer, StackedModel
+
+
+def test_sequence_block_residual_and_step():
+    block = SequenceBlock(functools.partial(SSMLayer, N=4, L=16), 8, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8))
+    y = block(x)
+    assert y.shape == x.shape
+    block.init_cache(2)
+    y_rnn = jnp.stack([block.step(x[:, k]) for k in range(16)], axis=1)
+    np.testing.assert_allclose(y, y_rnn, atol=1e-4)
+
+
+def test_stacked_classifier_shapes_and_causality():
+    model = StackedModel(functools.partial(SSMLayer, N=4, L=16), d_output=10, d_model=8,
+                         n_layers=2, rngs=nnx.Rngs(0))
+    logp = model(jnp.ones((3, 16, 1)))
+    assert logp.shape == (3, 10)
+    np.testing.assert_allclose(jnp.exp(logp).sum(-1), 1.0, rtol=1e-5)
+    with pytest.raises(ValueError, match="d_input"):
+        model(jnp.ones((3, 16)))
+    with pytest.raises(ValueError, match="classification"):
+        model.init_cache(3)
+
+
+def test_stacked_generator_is_causal_and_rnn_matches():
+    model = StackedModel(functools.partial(SSMLayer, N=4, L=12), d_output=5, d_model=8, n_layers=2,
+                         rngs=nnx.Rngs(0), vocab_size=5, classification=False)
+    model.eval()
+    x = jax.random.randint(jax.random.PRNGKey(1), (2, 12), 0, 5)
+    logp = model(x)
+    assert logp.shape == (2, 12, 5)
+    # Output k must not depend on input k or later (it predicts input k).
+    x2 = x.at[:, 6:].set((x[:, 6:] + 1) % 5)
+    np.testing.assert_allclose(model(x2)[:, :7], logp[:, :7], atol=1e-5)
+    assert not np.allclose(model(x2)[:, 7:], logp[:, 7:], atol=1e-3)
+    # RNN mode, fed the previous token, reproduces the parallel log-probabilities.
+    model.init_cache(2)
+    prev = jnp.full((2,), model.start_token)
+    steps = []
+    for k in range(12):
+        steps.append(model.step(prev))
+        prev = x[:, k]
+    np.testing.assert_allclose(jnp.stack(steps, 1), logp, atol=1e-4)
+    with pytest.raises(TypeError, match="integer tokens"):
+        model(jnp.ones((2, 12)))
+
+
+def test_stacked_model_bad_layers():
+    with pytest.raises(ValueError, match="n_layers"):
+        StackedModel(functools.partial(SSMLayer, N=4, L=12), d_output=5, d_model=8, n_layers=0,
+                     rngs=nnx.Rngs(0))
+
+
+def test_last_token_model_sees_whole_input():
+    inner = StackedModel(lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4), 5, 8, 1,
+                         rngs=nnx.Rngs(0), vocab_size=5, classification=False)
+    model = LastTokenModel(inner)
+    x = jnp.zeros((2, 6), jnp.int32)
+    out = model(x)
+    assert out.shape == (2, 5)
+    assert not jnp.allclose(out, model(x.at[:, -1].set(3)), atol=1e-6)
+
+
+def test_hybrid_alternates_and_restarts_per_model():
+    make_h3 = lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4, state_size=4)
+    make_attn = lambda H, rngs: CausalSelfAttention(H, rngs=rngs, n_heads=2, max_len=16)
+    factory = [make_h3, make_attn]
+    kinds = lambda m: [type(b.seq).__name__ for b in m.layers]
+    build = lambda: StackedModel(factory, 5, 8, 3, rngs=nnx.Rngs(0), vocab_size=5,
+                                 classification=False)
+    first, second = build(), build()   # an odd layer count must not shift the cycle
+    assert kinds(first) == kinds(second) == ["H3Layer", "CausalSelfAttention", "H3Layer"]
+    with pytest.raises(TypeError, match="non-empty list"):
+        StackedModel([], 5, 8, 3, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="layer factory"):
+        StackedModel([make_h3, 3], 5, 8, 3, rngs=nnx.Rngs(0))
