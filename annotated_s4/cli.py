@@ -178,7 +178,8 @@ def _ssm_layer(args, L):
 def _s4_layer(args, L):
     from .layers import S4Layer
 
-    return functools.partial(S4Layer, N=args.state_size, L=L, **_steps(args), **_init(args))
+    return functools.partial(S4Layer, N=args.state_size, L=L, shared=not args.independent,
+                             **_steps(args), **_init(args))
 
 
 def _s4d_layer(args, L):
@@ -260,6 +261,9 @@ def build_parser():
     p.add_argument("--init", default=None,
                    help="the state matrix's initialisation: for s4, hippo (default) or "
                         "random (the HiPPO ablation); for s4d, lin (default) or inv")
+    p.add_argument("--independent", action="store_true",
+                   help="s4 only: every channel its own Lambda, P, B (the S4 paper's "
+                        "layer) instead of one copy shared by the channels")
     p.add_argument("--head-dim", type=int, default=8, help="H3 head dimension d_h")
     p.add_argument("--n-heads", type=int, default=4, help="attention heads")
     p.add_argument("--steps", type=int, default=500)
@@ -294,8 +298,9 @@ def build_parser():
 
 # The options that define a run (what config.json records and --resume compares).
 _CONFIG_KEYS = ("dataset", "layer", "n_layers", "d_model", "state_size", "dt_min", "dt_max",
-                "init", "head_dim", "n_heads", "steps", "batch_size", "lr", "ssm_lr", "weight_decay",
-                "dropout", "seed", "seed_data", "vocab_size", "seq_len")
+                "init", "independent", "head_dim", "n_heads", "steps", "batch_size", "lr",
+                "ssm_lr", "weight_decay", "dropout", "seed", "seed_data", "vocab_size",
+                "seq_len")
 
 
 def check_args(args):
@@ -326,6 +331,8 @@ def check_args(args):
     if args.init is not None and args.init not in inits.get(args.layer, ()):
         raise ValueError(f"--init {args.init} does not apply to --layer {args.layer} "
                          f"(choices: {', '.join(f'{k}: {v}' for k, v in inits.items())})")
+    if args.independent and args.layer != "s4":
+        raise ValueError(f"--independent applies to --layer s4 only, not {args.layer}")
     if args.resume and not args.out:
         raise ValueError("--resume needs --out DIR")
     return args

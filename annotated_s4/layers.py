@@ -135,12 +135,12 @@ class S4Layer(nnx.Module):
     (`kernel_DPLR(..., conj=True)`); N must be even.
 
     Parameters: Lambda, P, B of the DPLR HiPPO (init="hippo"; init="random"
-    draws them with `random_DPLR_like`), ONE copy shared by the H
-    channels (this book's choice: the S4 paper and the Annotated S4 keep H
-    independent copies; sharing stores N/2 instead of H x N/2 of each);
-    one C~ (the kernel's C (I - Ab^L)), D and log step per channel, so every
-    channel reads the shared HiPPO memory at its own time-scale through its
-    own output vector. The Cauchy matrix still depends on the channel's step
+    draws them with `random_DPLR_like`), by default ONE copy shared by the H
+    channels (this book's choice; sharing stores N/2 instead of H x N/2 of
+    each); shared=False gives every channel its own copy, all starting equal,
+    as the S4 paper and the Annotated S4 do. One C~ (the kernel's
+    C (I - Ab^L)), D and log step per channel, so every channel reads the
+    HiPPO memory at its own time-scale through its own output vector. The Cauchy matrix still depends on the channel's step
     (through g = (2/step)(1 - z)/(1 + z)): CNN mode builds one of shape
     (L, N/2) per channel, (H, L, N/2) in all. Q = P, which keeps the
     Hermitian part Re(Lambda) - P P^* of A negative definite while Re Lambda < 0.
@@ -152,13 +152,18 @@ class S4Layer(nnx.Module):
     (`dplr_rnn`); each `step` is `dplr_step`, O(N) per channel.
     """
 
-    def __init__(self, H, N, L, *, rngs: nnx.Rngs, init="hippo", dt_min=0.001, dt_max=0.1):
+    def __init__(self, H, N, L, *, rngs: nnx.Rngs, init="hippo", dt_min=0.001, dt_max=0.1,
+                 shared=True):
         checks.positive_int(H, "H"), checks.even_int(N, "N"), checks.positive_int(L, "L")
         checks.choice(init, "init", S4_INITS)
-        self.H, self.N, self.L = H, N, L
+        if not isinstance(shared, bool):
+            raise TypeError(f"shared must be True or False, got {shared!r}")
+        self.H, self.N, self.L, self.shared = H, N, L, shared
         Lambda, P, B, _ = make_DPLR_HiPPO(N, conj=True)  # N/2 modes
         if init == "random":
             Lambda, P, B = random_DPLR_like(rngs.params(), Lambda, P, B)
+        if not shared:  # one copy per channel: (H, N/2) each
+            Lambda, P, B = (jnp.broadcast_to(z, (H, N // 2)) for z in (Lambda, P, B))
         dtype = _float_dtype()
         self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(dtype))
         self.Lambda_im = nnx.Param(jnp.asarray(Lambda.imag, dtype=dtype))
@@ -173,7 +178,8 @@ class S4Layer(nnx.Module):
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
     def ssm_params(self):
-        """(Lambda, P, B (N/2,), C~ (H, N/2), step (H,)) as complex / real arrays."""
+        """(Lambda, P, B (N/2,), or (H, N/2) each unless shared, C~ (H, N/2),
+        step (H,)) as complex / real arrays."""
         Lambda = -jnp.exp(self.Lambda_log_neg_re[...]) + 1j * self.Lambda_im[...]
         return (Lambda, _complex(self.P[...]), _complex(self.B[...]),
                 _complex(self.C[...]), jnp.exp(self.log_step[...]))
@@ -188,8 +194,10 @@ class S4Layer(nnx.Module):
         L = self.L if L is None else L
         if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L <= self.L:
             raise ValueError(f"L must be an int in [1, self.L = {self.L}], got {L!r}")
-        Lambda, P, B, C, step = self.ssm_params()
-        K = jax.vmap(lambda C, s: kernel_DPLR(Lambda, P, P, B, C, s, self.L, conj=True))(C, step)
+        A = None if self.shared else 0  # the vmap axis of Lambda, P, B
+        K = jax.vmap(lambda Lambda, P, B, C, s: kernel_DPLR(Lambda, P, P, B, C, s, self.L,
+                                                            conj=True),
+                     in_axes=(A, A, A, 0, 0))(*self.ssm_params())
         return K[:, :L]
 
     def __call__(self, u):
@@ -198,10 +206,10 @@ class S4Layer(nnx.Module):
         return causal_convolution(u, K, axis=1) + self.D[...] * u
 
     def init_cache(self, batch_size):
-        Lambda, P, B, C, step = self.ssm_params()
+        A = None if self.shared else 0
         Bb, Cb = jax.vmap(
-            lambda C, s: dplr_rnn(Lambda, P, P, B, C, s, self.L, conj=True)
-        )(C, step)
+            lambda Lambda, P, B, C, s: dplr_rnn(Lambda, P, P, B, C, s, self.L, conj=True),
+            in_axes=(A, A, A, 0, 0))(*self.ssm_params())
         self.Bb, self.Cb = nnx.Cache(Bb), nnx.Cache(Cb)  # (H, N/2) each
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), Bb.dtype))
 

@@ -92,8 +92,9 @@ RUNS.update({f"{task}-{layer}": ["--dataset", task] + _SYNTHETIC + options
              for layer, options in _SYNTHETIC_LAYERS.items()})
 
 # Chapter 6's memory experiment: name the first token after L - 1 noise tokens
-# (delayed-recall), at four lengths, for S4, S4 with a random DPLR state
-# matrix, S4D and the Part I SSM, all of width 32 with a state of size 16 and
+# (delayed-recall), at four lengths, for S4 (its channels sharing one state
+# matrix, and each with its own), S4 with a random DPLR state matrix, S4D and
+# the Part I SSM, all of width 32 with a state of size 16 and
 # the same 1000 steps. The Part I SSM's steps are scaled to the length
 # (between 0.1/L and 1/L): with S4's range its random A makes Ab^L overflow.
 MEMORY_LENGTHS = (64, 256, 1024, 4096)
@@ -102,7 +103,8 @@ _MEMORY = ["--dataset", "delayed-recall", "--d-model", "32", "--batch-size", "32
 
 
 def _memory_layers(L):
-    return {"s4": ["--layer", "s4"], "s4-random": ["--layer", "s4", "--init", "random"],
+    return {"s4": ["--layer", "s4"], "s4-independent": ["--layer", "s4", "--independent"],
+            "s4-random": ["--layer", "s4", "--init", "random"],
             "s4d": ["--layer", "s4d"],
             "ssm": ["--layer", "ssm", "--dt-min", f"{0.1 / L:.3g}", "--dt-max", f"{1 / L:.3g}"]}
 

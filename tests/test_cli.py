@@ -191,3 +191,11 @@ def test_the_state_matrix_initialisation_is_an_option():
         cli.run(_args(["--steps", "1", "--layer", "s4", "--init", "inv"]), log=None)
     with pytest.raises(ValueError, match="--init"):
         cli.run(_args(["--steps", "1", "--layer", "ssm", "--init", "random"]), log=None)
+
+
+def test_independent_state_matrices_are_an_option():
+    own = cli.run(_args(["--steps", "1", "--layer", "s4", "--independent"]), log=None)["model"]
+    layer = own.layers[0].seq
+    assert not layer.shared and layer.Lambda_im[...].shape == (layer.H, layer.N // 2)
+    with pytest.raises(ValueError, match="--independent applies to --layer s4 only"):
+        cli.run(_args(["--steps", "1", "--layer", "s4d", "--independent"]), log=None)

@@ -70,6 +70,7 @@ H, N, L, BATCH = 3, 8, 32, 2
 
 LAYERS = [
     ("s4", functools.partial(S4Layer, N=N, L=L)),
+    ("s4-independent", functools.partial(S4Layer, N=N, L=L, shared=False)),
     ("s4d-lin", functools.partial(S4DLayer, N=N, L=L, init="lin")),
     ("s4d-inv", functools.partial(S4DLayer, N=N, L=L, init="inv")),
 ]
@@ -129,6 +130,22 @@ def test_s4_is_hippo_initialised_and_stable():
     assert C.shape == (H, N // 2) and step.shape == (H,)
     with pytest.raises(ValueError, match="N must be even"):
         S4Layer(H, 7, L, rngs=nnx.Rngs(0))
+
+
+def test_s4_independent_copies_start_as_the_shared_one():
+    shared = S4Layer(H, N, L, rngs=nnx.Rngs(0))
+    own = S4Layer(H, N, L, rngs=nnx.Rngs(0), shared=False)
+    assert shared.Lambda_im[...].shape == (N // 2,)
+    assert own.Lambda_im[...].shape == own.Lambda_log_neg_re[...].shape == (H, N // 2)
+    assert own.P[...].shape == own.B[...].shape == (H, N // 2, 2)
+    np.testing.assert_allclose(own.kernel(), shared.kernel(), rtol=1e-6, atol=1e-7)
+    # every channel's copy gets its own gradient
+    u = jax.random.normal(jax.random.PRNGKey(3), (BATCH, L, H))
+    grads = nnx.grad(lambda m: (m(u) ** 2).sum())(own)
+    g = np.asarray(grads.Lambda_im[...])
+    assert not np.allclose(g[0], g[1])
+    with pytest.raises(TypeError, match="shared"):
+        S4Layer(H, N, L, rngs=nnx.Rngs(0), shared="no")
 
 
 def test_s4_kernel_length_is_at_most_L():
