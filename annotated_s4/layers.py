@@ -140,7 +140,8 @@ class S4Layer(nnx.Module):
     each); shared=False gives every channel its own copy, all starting equal,
     as the S4 paper and the Annotated S4 do. One C~ (the kernel's
     C (I - Ab^L)), D and log step per channel, so every channel reads the
-    HiPPO memory at its own time-scale through its own output vector. The Cauchy matrix still depends on the channel's step
+    HiPPO memory at its own time-scale through its own output vector. The
+    Cauchy matrix still depends on the channel's step
     (through g = (2/step)(1 - z)/(1 + z)): CNN mode builds one of shape
     (L, N/2) per channel, (H, L, N/2) in all. Q = P, which keeps the
     Hermitian part Re(Lambda) - P P^* of A negative definite while Re Lambda < 0.
@@ -194,11 +195,15 @@ class S4Layer(nnx.Module):
         L = self.L if L is None else L
         if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L <= self.L:
             raise ValueError(f"L must be an int in [1, self.L = {self.L}], got {L!r}")
-        A = None if self.shared else 0  # the vmap axis of Lambda, P, B
-        K = jax.vmap(lambda Lambda, P, B, C, s: kernel_DPLR(Lambda, P, P, B, C, s, self.L,
-                                                            conj=True),
-                     in_axes=(A, A, A, 0, 0))(*self.ssm_params())
+        K = self._per_channel(
+            lambda Lambda, P, B, C, s: kernel_DPLR(Lambda, P, P, B, C, s, self.L, conj=True))
         return K[:, :L]
+
+    def _per_channel(self, fn):
+        """fn(Lambda, P, B, C~, step) for each channel, stacked: Lambda, P, B
+        are the shared copy or the channel's own."""
+        own = None if self.shared else 0
+        return jax.vmap(fn, in_axes=(own, own, own, 0, 0))(*self.ssm_params())
 
     def __call__(self, u):
         checks.max_length(checks.sequence(u, self.H), self.L)
@@ -206,10 +211,8 @@ class S4Layer(nnx.Module):
         return causal_convolution(u, K, axis=1) + self.D[...] * u
 
     def init_cache(self, batch_size):
-        A = None if self.shared else 0
-        Bb, Cb = jax.vmap(
-            lambda Lambda, P, B, C, s: dplr_rnn(Lambda, P, P, B, C, s, self.L, conj=True),
-            in_axes=(A, A, A, 0, 0))(*self.ssm_params())
+        Bb, Cb = self._per_channel(
+            lambda Lambda, P, B, C, s: dplr_rnn(Lambda, P, P, B, C, s, self.L, conj=True))
         self.Bb, self.Cb = nnx.Cache(Bb), nnx.Cache(Cb)  # (H, N/2) each
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), Bb.dtype))
 

@@ -27,8 +27,9 @@ import time
 
 from .checkpoint import RUN_FILES, write_json
 
-__all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "MANIFEST", "RAW_URL", "run_dir", "command", "available",
-           "manifest", "write_manifest", "locate", "train", "check", "replay", "main"]
+__all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "MANIFEST", "RAW_URL", "run_dir", "command",
+           "available", "manifest", "write_manifest", "locate", "train", "check", "replay",
+           "main"]
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "reference_runs")
@@ -94,9 +95,9 @@ RUNS.update({f"{task}-{layer}": ["--dataset", task] + _SYNTHETIC + options
 # Chapter 6's memory experiment: name the first token after L - 1 noise tokens
 # (delayed-recall), at four lengths, for S4 (its channels sharing one state
 # matrix, and each with its own), S4 with a random DPLR state matrix, S4D and
-# the Part I SSM, all of width 32 with a state of size 16 and
-# the same 1000 steps. The Part I SSM's steps are scaled to the length
-# (between 0.1/L and 1/L): with S4's range its random A makes Ab^L overflow.
+# the Part I SSM, all of width 32 with a state of size 16 and the same 1000
+# steps. The Part I SSM's steps are scaled to the length (between 0.1/L and
+# 1/L): with S4's range its random A makes Ab^L overflow.
 MEMORY_LENGTHS = (64, 256, 1024, 4096)
 _MEMORY = ["--dataset", "delayed-recall", "--d-model", "32", "--batch-size", "32",
            "--steps", "1000", "--eval-every", "200", "--log-every", "100"]
@@ -111,6 +112,7 @@ def _memory_layers(L):
 
 RUNS.update({f"memory{L}-{layer}": _MEMORY + ["--seq-len", str(L)] + options
              for L in MEMORY_LENGTHS for layer, options in _memory_layers(L).items()})
+
 
 def run_dir(name, root=None):
     return os.path.join(root or ROOT, name)

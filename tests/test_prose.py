@@ -207,6 +207,10 @@ CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(?::tags: \[([^\]]*)\]\n)?(.*?)^```
                   re.S | re.M)
 
 
+def _target_names(targets):
+    return {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+
+
 def _defined(source):
     """Top-level names a cell defines: imports, assignments, functions, classes."""
     names = set()
@@ -215,12 +219,12 @@ def _defined(source):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
-            targets = {ast.Assign: lambda n: n.targets, ast.For: lambda n: [n.target],
-                       ast.With: lambda n: [i.optional_vars for i in n.items if i.optional_vars]
-                       }.get(type(node), lambda n: [n.target])(node)
-            names.update(t.id for tgt in targets for t in ast.walk(tgt)
-                         if isinstance(t, ast.Name))
+        elif isinstance(node, ast.Assign):
+            names.update(_target_names(node.targets))
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For)):
+            names.update(_target_names([node.target]))
+        elif isinstance(node, ast.With):
+            names.update(_target_names(i.optional_vars for i in node.items if i.optional_vars))
     return names
 
 
