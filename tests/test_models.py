@@ -11,6 +11,7 @@ from flax import nnx
 
 from annotated_s4 import CausalSelfAttention, H3Layer, LastTokenModel, SequenceBlock
 from annotated_s4 import SSMLayer, StackedModel
+from annotated_s4.sample import rnn_log_probs
 
 
 def test_sequence_block_residual_and_step():
@@ -47,13 +48,7 @@ def test_stacked_generator_is_causal_and_rnn_matches():
     np.testing.assert_allclose(model(x2)[:, :7], logp[:, :7], atol=1e-5)
     assert not np.allclose(model(x2)[:, 7:], logp[:, 7:], atol=1e-3)
     # RNN mode, fed the previous token, reproduces the parallel log-probabilities.
-    model.init_cache(2)
-    prev = jnp.full((2,), model.start_token)
-    steps = []
-    for k in range(12):
-        steps.append(model.step(prev))
-        prev = x[:, k]
-    np.testing.assert_allclose(jnp.stack(steps, 1), logp, atol=1e-4)
+    np.testing.assert_allclose(rnn_log_probs(model, x), logp, atol=1e-4)
     with pytest.raises(TypeError, match="integer tokens"):
         model(jnp.ones((2, 12)))
 
