@@ -52,6 +52,30 @@ def positive_int(value, name, *, minimum=1):
     return int(value)
 
 
+def flag(value, name):
+    """True or False, nothing else (not 0 or 1, not None)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def batch_size(value, n):
+    """A positive int batch size, at most n (the number of training sequences)."""
+    value = positive_int(value, "batch_size")
+    if value > n:
+        raise ValueError(f"batch_size ({value}) must not exceed the number of "
+                         f"training sequences ({n})")
+    return value
+
+
+def finite_loss(loss, step, lr):
+    """A training loss that is a finite number (else the run has diverged)."""
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"training diverged at step {step}: the loss is {loss}; "
+                                 f"try a smaller learning rate (now {lr})")
+    return loss
+
+
 def even_int(value, name):
     """A positive even int (N/2 conjugate pairs of modes)."""
     value = positive_int(value, name)
@@ -146,8 +170,9 @@ def step_input(u_t, H, cache, name="u_t"):
 
 
 def max_length(u, L, name="u"):
-    """u (batch, length, H) is no longer than the L the layer was built for."""
-    if u.shape[1] > L:
+    """u (batch, length, H) is no longer than the L the layer was built for
+    (L = None: any length)."""
+    if L is not None and u.shape[1] > L:
         raise ValueError(f"{name} has length {u.shape[1]}, more than the layer's L = {L}")
     return u
 

@@ -1,9 +1,9 @@
-"""H3 (Hungry Hungry Hippos): shift and diagonal SSMs, the H3 layer, attention.
+"""H3 (Hungry Hungry Hippos): the shift SSM, FlashConv's block FFT and the H3 layer.
 
 H3 (Fu et al., 2023) is linear attention whose keys go through a *shift SSM*
 (a short learned filter, so a key can be paired with the value that follows
-it) and whose key-value memory is accumulated by a *diagonal SSM* (S4D)
-instead of a plain running sum:
+it) and whose key-value memory is accumulated by a *diagonal SSM* (chapter
+5's `S4DLayer` with B = 1) instead of a plain running sum:
 
     O = Q * SSM_diag(SSM_shift(K) * V)
 
@@ -22,19 +22,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
-from .layers import log_step_initializer
+from .layers import S4DLayer
 from .ssm import causal_convolution
-from .s4 import discretize_diagonal
 
 __all__ = [
     "shift_matrix",
     "shift_kernel",
-    "vandermonde",
     "dft_matrix",
     "block_fft",
     "causal_conv",
     "ShiftSSM",
-    "DiagonalSSM",
     "H3Layer",
 ]
 
@@ -62,44 +59,6 @@ def shift_kernel(C, L):
     if L >= N:
         return jnp.pad(C, [(0, 0)] * (C.ndim - 1) + [(0, L - N)])
     return C[..., :L]
-
-
-def vandermonde(W, log_z, L):
-    """Re sum_n W[..., n] z_n^l for l = 0 .. L-1 with z = exp(log_z); shape (..., L).
-
-    The Vandermonde product behind every diagonal-SSM kernel, without the
-    (..., N, L) matrix of powers. Split l = b T + j with T = ceil(sqrt L) and
-    0 <= j < T. Since z^l = z^(bT) z^j, the kernel laid out as a (blocks, T)
-    table is one matrix product per channel,
-
-        K[b, j] = Re sum_n (W_n z_n^(bT)) z_n^j,
-
-    of a (blocks, N) by an (N, T) matrix, and Re(w v) = w_r v_r - w_i v_i
-    makes it one real product of inner size 2N. Only the 2 N sqrt(L) powers
-    z^j and z^(bT) are evaluated, each from its exact exponent,
-    z^k = exp(k Re log_z) (cos(k Im log_z) + i sin(k Im log_z)), in real
-    arithmetic. W and log_z broadcast against each other.
-    """
-    W = checks.array(W, "W", kind="number")
-    log_z = checks.array(log_z, "log_z", kind="number")
-    L = checks.positive_int(L, "L")
-    if W.ndim < 1 or log_z.ndim < 1:
-        raise ValueError(f"W and log_z need a trailing mode axis, got {W.shape}, {log_z.shape}")
-    T = math.isqrt(L - 1) + 1                                         # block length
-    blocks = -(-L // T)
-
-    def power(k):  # Re and Im of z^k for the integers k, each (..., N, len(k))
-        size, angle = jnp.exp(log_z.real[..., None] * k), log_z.imag[..., None] * k
-        return size * jnp.cos(angle), size * jnp.sin(angle)
-
-    v_re, v_im = power(jnp.arange(T))                                 # z^j
-    p_re, p_im = power(T * jnp.arange(blocks))                        # z^(bT)
-    W_re, W_im = jnp.real(W)[..., None], jnp.imag(W)[..., None]
-    w = jnp.concatenate([W_re * p_re - W_im * p_im,                   # Re(W z^(bT))
-                         -(W_re * p_im + W_im * p_re)], axis=-2)      # -Im(W z^(bT))
-    v = jnp.concatenate([v_re, v_im], axis=-2)                        # (..., 2N, T)
-    K = jnp.einsum("...nb,...nj->...bj", w, v, precision=jax.lax.Precision.HIGHEST)
-    return K.reshape(*K.shape[:-2], blocks * T)[..., :L]
 
 
 # Up to this length `causal_conv` multiplies by the Toeplitz matrix; beyond
@@ -205,80 +164,6 @@ class ShiftSSM(nnx.Module):
         return jnp.einsum("hn,bhn->bh", self.C[...], x)
 
 
-def _s4d_lin_init(rngs, H, N, dt_min, dt_max):
-    """S4D-Lin: Lambda_n = -1/2 + i pi n, B = 1, C ~ complex normal, log step."""
-    Lambda = (-0.5 + 1j * jnp.pi * jnp.arange(N)).astype(jnp.complex64)
-    C = jax.random.normal(rngs.params(), (H, N, 2)) * math.sqrt(0.5)
-    log_step = log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
-    # strongly typed float32 copies: a weakly typed parameter would make the
-    # first optimizer update change its type and trigger a second compilation
-    return (
-        jnp.array(jnp.broadcast_to(Lambda.real, (H, N)), jnp.float32),
-        jnp.array(jnp.broadcast_to(Lambda.imag, (H, N)), jnp.float32),
-        C,
-        log_step,
-    )
-
-
-class DiagonalSSM(nnx.Module):
-    """H independent diagonal SSMs with N complex modes each: S4D-Lin in the
-    form H3 uses.
-
-    Lambda = -exp(log_Lambda_re) + i Lambda_im keeps the real part negative
-    (stable); B = 1 is fixed (only C, Lambda, the step and D are learned); the
-    kernel K_l = 2 Re sum_n C_n B_bar_n Lambda_bar_n^l (ZOH; `s4.kernel_diagonal`)
-    is computed by `vandermonde`. (`layers.S4DLayer` of chapter 5 differs:
-    N/2 conjugate modes and a learned B.) Used on its own it is the S4D baseline of chapter 7; H3 uses
-    one per head on the key-value memory.
-    """
-
-    def __init__(self, H, N=32, *, rngs: nnx.Rngs, dt_min=0.001, dt_max=0.1):
-        H, N = checks.positive_int(H, "H"), checks.positive_int(N, "N")
-        self.H, self.N = H, N
-        re, im, C, log_step = _s4d_lin_init(rngs, H, N, dt_min, dt_max)
-        self.log_Lambda_re = nnx.Param(jnp.log(-re))
-        self.Lambda_im = nnx.Param(im)
-        self.C = nnx.Param(C)
-        self.D = nnx.Param(jnp.ones((H,)))
-        self.log_step = nnx.Param(log_step)
-        self.cache = nnx.data(None)
-
-    def params(self):
-        """(Lambda, C, step): complex (H, N), complex (H, N), real (H,)."""
-        Lambda = -jnp.exp(self.log_Lambda_re[...]) + 1j * self.Lambda_im[...]
-        C = self.C[...][..., 0] + 1j * self.C[...][..., 1]
-        return Lambda, C, jnp.exp(self.log_step[...])
-
-    def kernel(self, L):
-        """K_l = 2 Re sum_n C_n B_bar_n Lambda_bar_n^l for every channel, (H, L)."""
-        Lambda, C, step = self.params()
-        _, B_bar = discretize_diagonal(Lambda, jnp.ones_like(Lambda), step[:, None])
-        return vandermonde(2 * C * B_bar, step[:, None] * Lambda, L)
-
-    def discrete(self):
-        """(Lambda_bar, B_bar, C): each complex (H, N)."""
-        Lambda, C, step = self.params()
-        Lambda_bar, B_bar = discretize_diagonal(Lambda, jnp.ones_like(Lambda), step[:, None])
-        return Lambda_bar, B_bar, C
-
-    def __call__(self, u):
-        checks.sequence(u, self.H)
-        return causal_conv(u, self.kernel(u.shape[1]), axis=1) + self.D[...] * u
-
-    def init_cache(self, batch_size):
-        Lambda_bar, B_bar, C = self.discrete()
-        self.Lambda_bar, self.B_bar, self.C_rnn = (
-            nnx.Cache(Lambda_bar), nnx.Cache(B_bar), nnx.Cache(C))
-        self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N), jnp.complex64))
-
-    def step(self, u_t):
-        checks.step_input(u_t, self.H, self.cache)
-        x = self.Lambda_bar[...] * self.cache[...] + self.B_bar[...] * u_t[..., None]
-        self.cache[...] = x
-        y = 2 * jnp.einsum("hn,bhn->bh", self.C_rnn[...], x).real
-        return y + self.D[...] * u_t
-
-
 class H3Layer(nnx.Module):
     """The H3 layer, Algorithm 1 of Fu et al. (2023).
 
@@ -286,7 +171,9 @@ class H3Layer(nnx.Module):
     2. K_bar = SSM_shift(K)                        one shift SSM per channel
     3. split Q, K_bar, V into n_heads = H / head_dim heads of size d_h
     4. KV_t = SSM_diag(K_bar_t V_t^T)   (d_h x d_h per step, one diagonal SSM
-                                        per head, shared by its d_h^2 entries)
+                                        per head, shared by its d_h^2 entries:
+                                        an S4DLayer with state_size complex
+                                        modes per head and B = 1)
     5. O_t = Q_t KV_t                                            per head
     6. concatenate the heads, output projection W_O.
 
@@ -304,14 +191,14 @@ class H3Layer(nnx.Module):
         if H % head_dim:
             raise ValueError(f"head_dim must divide H, got H={H}, head_dim={head_dim}")
         self.H, self.head_dim, self.n_heads = H, head_dim, H // head_dim
-        self.state_size, self.L = state_size, L
+        self.state_size = state_size
         self.W_Q = nnx.Linear(H, H, rngs=rngs)
         self.W_K = nnx.Linear(H, H, rngs=rngs)
         self.W_V = nnx.Linear(H, H, rngs=rngs)
         self.W_O = nnx.Linear(H, H, rngs=rngs)
         self.shift = ShiftSSM(H, shift_size, rngs=rngs)
-        self.diag = DiagonalSSM(self.n_heads, state_size, rngs=rngs,
-                                dt_min=dt_min, dt_max=dt_max)
+        self.diag = S4DLayer(self.n_heads, 2 * state_size, rngs=rngs, learn_B=False,
+                             dt_min=dt_min, dt_max=dt_max)
         self.cache = nnx.data(None)
 
     def _heads(self, x):  # (..., H) -> (..., n_heads, d_h)
@@ -341,7 +228,7 @@ class H3Layer(nnx.Module):
         return (
             jnp.zeros((batch_size, N_shift - 1, self.H)),
             jnp.zeros((batch_size, self.n_heads, self.head_dim, self.head_dim,
-                       self.state_size), jnp.complex64),
+                       self.state_size), self.diag.discrete()[0].dtype),
         )
 
     def chunk(self, u, state):
@@ -372,7 +259,7 @@ class H3Layer(nnx.Module):
         # once Lambda_bar^T underflows)
         decay = Lambda_bar[:, :, None] ** jnp.arange(T - 1, -1, -1)  # Lambda_bar^{T-1-t}
         x_new = powers[None, :, None, None, :, -1] * x_prev + jnp.einsum(
-            "hnt,bthij->bhijn", B_bar[:, :, None] * decay, kv.astype(jnp.complex64))
+            "hnt,bthij->bhijn", B_bar[:, :, None] * decay, kv.astype(B_bar.dtype))
         k_new = k_raw[:, k_raw.shape[1] - P:] if P else k_prev
         return self.W_O(o), (k_new, x_new)
 
@@ -405,8 +292,8 @@ class H3Layer(nnx.Module):
     def init_cache(self, batch_size):
         self.shift.init_cache(batch_size)
         Lambda_bar, B_bar, C = self.diag.discrete()
-        self.Lambda_bar, self.B_bar, self.C_rnn = (
-            nnx.Cache(Lambda_bar), nnx.Cache(B_bar), nnx.Cache(C))
+        self.Lambda_bar, self.B_bar, self.C2 = (
+            nnx.Cache(Lambda_bar), nnx.Cache(B_bar), nnx.Cache(2 * C))
         self.cache = nnx.Cache(self.init_state(batch_size)[1])
 
     def step(self, u_t):
@@ -418,7 +305,7 @@ class H3Layer(nnx.Module):
         Lb, Bb = self.Lambda_bar[...], self.B_bar[...]
         x = Lb[:, None, None, :] * self.cache[...] + Bb[:, None, None, :] * kv[..., None]
         self.cache[...] = x
-        y = 2 * jnp.einsum("hn,bhijn->bhij", self.C_rnn[...], x).real
+        y = jnp.einsum("hn,bhijn->bhij", self.C2[...], x).real
         y = y + self.diag.D[...][:, None, None] * kv
         o = jnp.einsum("bhi,bhij->bhj", q, y).reshape(u_t.shape)
         return self.W_O(o)

@@ -11,8 +11,8 @@ from flax import nnx
 
 from . import _checks as checks
 from .hippo import make_DPLR_HiPPO
-from .s4 import (discretize_diagonal, dplr_rnn, dplr_step, kernel_DPLR, kernel_diagonal,
-                 s4d_inv_init, s4d_lin_init)
+from .s4 import (discretize_diagonal, dplr_rnn, dplr_step, kernel_DPLR,
+                 s4d_inv_init, s4d_lin_init, vandermonde)
 from .ssm import K_conv, causal_convolution, discretize
 
 __all__ = [
@@ -126,6 +126,14 @@ def random_DPLR_like(key, Lambda, P, B):
     return Lambda.real + 1j * w, like(k2, P), like(k3, B)
 
 
+def _per_channel_readout(rngs, H, N, dt_min, dt_max):
+    """The parameters of every channel in S4 and S4D: C (S4's C~), N/2 complex
+    numbers drawn N(0, 1/2) in each part; D = 1; and the log step."""
+    C = jax.random.normal(rngs.params(), (H, N // 2, 2), _float_dtype()) * 0.5**0.5
+    log_step = log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
+    return nnx.Param(C), nnx.Param(jnp.ones((H,))), nnx.Param(log_step)
+
+
 class S4Layer(nnx.Module):
     """H channels of an S4 SSM with a DPLR state matrix, HiPPO-initialised.
 
@@ -156,9 +164,7 @@ class S4Layer(nnx.Module):
     def __init__(self, H, N, L, *, rngs: nnx.Rngs, init="hippo", dt_min=0.001, dt_max=0.1,
                  shared=True):
         checks.positive_int(H, "H"), checks.even_int(N, "N"), checks.positive_int(L, "L")
-        checks.choice(init, "init", S4_INITS)
-        if not isinstance(shared, bool):
-            raise TypeError(f"shared must be True or False, got {shared!r}")
+        checks.choice(init, "init", S4_INITS), checks.flag(shared, "shared")
         self.H, self.N, self.L, self.shared = H, N, L, shared
         Lambda, P, B, _ = make_DPLR_HiPPO(N, conj=True)  # N/2 modes
         if init == "random":
@@ -170,12 +176,7 @@ class S4Layer(nnx.Module):
         self.Lambda_im = nnx.Param(jnp.asarray(Lambda.imag, dtype=dtype))
         self.P = nnx.Param(_as_pair(P))
         self.B = nnx.Param(_as_pair(B))
-        # C~ ~ N(0, 1/2) in each of the real and imaginary parts.
-        self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N // 2, 2), dtype) * 0.5**0.5)
-        self.D = nnx.Param(jnp.ones((H,)))
-        self.log_step = nnx.Param(
-            log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
-        )
+        self.C, self.D, self.log_step = _per_channel_readout(rngs, H, N, dt_min, dt_max)
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
     def ssm_params(self):
@@ -233,38 +234,41 @@ class S4DLayer(nnx.Module):
     modes stand for N/2 conjugate pairs (a real state of size N), hence the 2.
     Lambda starts at S4D-Lin (init="lin") or S4D-Inv (init="inv"), B at 1,
     C ~ N(0, 1/2) per part; Lambda's real part is stored as its log-negative.
-    The kernel is the Vandermonde product `kernel_diagonal`, O(N L).
+    With learn_B=False, B stays 1 (H3's diagonal SSM in chapter 7). L, if
+    given, is the longest input accepted. The kernel is `kernel_diagonal`'s
+    Vandermonde product, computed blockwise by `vandermonde`.
     """
 
-    def __init__(self, H, N, L, *, rngs: nnx.Rngs, init="lin", dt_min=0.001, dt_max=0.1):
-        if H < 1 or N < 2 or L < 1:
-            raise ValueError(f"H, L must be positive and N >= 2, got H={H}, N={N}, L={L}")
-        init = checks.choice(init, "init", S4D_INITS)
+    def __init__(self, H, N, L=None, *, rngs: nnx.Rngs, init="lin", learn_B=True,
+                 dt_min=0.001, dt_max=0.1):
+        H, N = checks.positive_int(H, "H"), checks.even_int(N, "N")
+        L = None if L is None else checks.positive_int(L, "L")
+        init, learn_B = checks.choice(init, "init", S4D_INITS), checks.flag(learn_B, "learn_B")
         self.H, self.N, self.L = H, N, L
         dtype = _float_dtype()
         Lambda = jnp.broadcast_to(S4D_INITS[init](N), (H, N // 2))
         self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(dtype))
         self.Lambda_im = nnx.Param(Lambda.imag.astype(dtype))
-        self.B = nnx.Param(_as_pair(jnp.ones((H, N // 2))))
-        self.C = nnx.Param(jax.random.normal(rngs.params(), (H, N // 2, 2), dtype) * 0.5**0.5)
-        self.D = nnx.Param(jnp.ones((H,)))
-        self.log_step = nnx.Param(
-            log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
-        )
+        self.B = nnx.Param(_as_pair(jnp.ones((H, N // 2)))) if learn_B else None
+        self.C, self.D, self.log_step = _per_channel_readout(rngs, H, N, dt_min, dt_max)
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
     def ssm_params(self):
         """(Lambda, B, C, step) with shapes (H, N/2) complex x3 and (H,)."""
         Lambda = -jnp.exp(self.Lambda_log_neg_re[...]) + 1j * self.Lambda_im[...]
-        return Lambda, _complex(self.B[...]), _complex(self.C[...]), jnp.exp(self.log_step[...])
+        B = jnp.ones_like(Lambda) if self.B is None else _complex(self.B[...])
+        return Lambda, B, _complex(self.C[...]), jnp.exp(self.log_step[...])
+
+    def discrete(self):
+        """(Lambda_bar, B_bar, C), each complex (H, N/2)."""
+        Lambda, B, C, step = self.ssm_params()
+        return *discretize_diagonal(Lambda, B, step[:, None]), C
 
     def kernel(self, L=None):
         """The per-channel kernel 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l), (H, L)."""
-        L = self.L if L is None else L
         Lambda, B, C, step = self.ssm_params()
-        return jax.vmap(lambda Lm, B, C, s: kernel_diagonal(Lm, B, 2 * C, s, L))(
-            Lambda, B, C, step
-        )
+        _, B_bar = discretize_diagonal(Lambda, B, step[:, None])
+        return vandermonde(2 * C * B_bar, step[:, None] * Lambda, L or self.L)
 
     def __call__(self, u):
         checks.max_length(checks.sequence(u, self.H), self.L)
@@ -272,11 +276,9 @@ class S4DLayer(nnx.Module):
         return causal_convolution(u, K, axis=1) + self.D[...] * u
 
     def init_cache(self, batch_size):
-        Lambda, B, C, step = self.ssm_params()
-        Lambda_bar, B_bar = discretize_diagonal(Lambda, B, step[:, None])
-        self.Lambda_bar = nnx.Cache(Lambda_bar)
-        self.B_bar = nnx.Cache(B_bar)
-        self.C2 = nnx.Cache(2 * C)
+        Lambda_bar, B_bar, C = self.discrete()
+        self.Lambda_bar, self.B_bar, self.C2 = (
+            nnx.Cache(Lambda_bar), nnx.Cache(B_bar), nnx.Cache(2 * C))
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), Lambda_bar.dtype))
 
     def step(self, u_t):

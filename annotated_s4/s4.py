@@ -7,6 +7,8 @@ Vandermonde product, computed in O(N L) without any matrix powers.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +19,7 @@ from .ssm import K_conv
 __all__ = [
     "discretize_diagonal",
     "kernel_diagonal",
+    "vandermonde",
     "s4d_lin_init",
     "s4d_inv_init",
     "K_gen_simple",
@@ -76,6 +79,44 @@ def kernel_diagonal(Lambda, B, C, step, L):
     _, B_bar = discretize_diagonal(Lambda, B, step)
     V = jnp.exp((step * Lambda)[:, None] * jnp.arange(L)[None, :])  # (N, L)
     return jnp.einsum("n,nl->l", C * B_bar, V).real
+
+
+def vandermonde(W, log_z, L):
+    """Re sum_n W[..., n] z_n^l for l = 0 .. L-1 with z = exp(log_z); shape (..., L).
+
+    The Vandermonde product behind every diagonal-SSM kernel, without the
+    (..., N, L) matrix of powers. Split l = b T + j with T = ceil(sqrt L) and
+    0 <= j < T. Since z^l = z^(bT) z^j, the kernel laid out as a (blocks, T)
+    table is one matrix product per channel,
+
+        K[b, j] = Re sum_n (W_n z_n^(bT)) z_n^j,
+
+    of a (blocks, N) by an (N, T) matrix, and Re(w v) = w_r v_r - w_i v_i
+    makes it one real product of inner size 2N. Only the 2 N sqrt(L) powers
+    z^j and z^(bT) are evaluated, each from its exact exponent,
+    z^k = exp(k Re log_z) (cos(k Im log_z) + i sin(k Im log_z)), in real
+    arithmetic. W and log_z broadcast against each other.
+    """
+    W = checks.array(W, "W", kind="number")
+    log_z = checks.array(log_z, "log_z", kind="number")
+    L = checks.positive_int(L, "L")
+    if W.ndim < 1 or log_z.ndim < 1:
+        raise ValueError(f"W and log_z need a trailing mode axis, got {W.shape}, {log_z.shape}")
+    T = math.isqrt(L - 1) + 1                                         # block length
+    blocks = -(-L // T)
+
+    def power(k):  # Re and Im of z^k for the integers k, each (..., N, len(k))
+        size, angle = jnp.exp(log_z.real[..., None] * k), log_z.imag[..., None] * k
+        return size * jnp.cos(angle), size * jnp.sin(angle)
+
+    v_re, v_im = power(jnp.arange(T))                                 # z^j
+    p_re, p_im = power(T * jnp.arange(blocks))                        # z^(bT)
+    W_re, W_im = jnp.real(W)[..., None], jnp.imag(W)[..., None]
+    w = jnp.concatenate([W_re * p_re - W_im * p_im,                   # Re(W z^(bT))
+                         -(W_re * p_im + W_im * p_re)], axis=-2)      # -Im(W z^(bT))
+    v = jnp.concatenate([v_re, v_im], axis=-2)                        # (..., 2N, T)
+    K = jnp.einsum("...nb,...nj->...bj", w, v, precision=jax.lax.Precision.HIGHEST)
+    return K.reshape(*K.shape[:-2], blocks * T)[..., :L]
 
 
 def s4d_lin_init(N):

@@ -9,6 +9,7 @@ checkpoints are `annotated_s4.checkpoint`.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -43,8 +44,7 @@ def loss_fn(model, x, y=None):
 # The state-space parameters of the SSM layers: the state matrix (A, or its
 # DPLR/diagonal parts Lambda and P), the input matrix B and the step log(Delta).
 # C and D are ordinary read-out weights.
-SSM_PARAMS = frozenset({"A", "B", "P", "Lambda_log_neg_re", "Lambda_im",
-                        "log_Lambda_re", "log_step"})
+SSM_PARAMS = frozenset({"A", "B", "P", "Lambda_log_neg_re", "Lambda_im", "log_step"})
 
 
 def _param_groups(params):
@@ -162,32 +162,24 @@ def batch_indices(seed, step, n, batch_size):
 def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
         batch_size=64, lr=1e-3, weight_decay=0.01, ssm_lr=None, seed=0, eval_every=0,
         log=print, log_every=0, optimizer=None, mesh=None, history=None, on_step=None):
-    """Train `model` for `steps` steps; returns the history of the run.
+    """Train `model` for `steps` steps (the batch of step s: `batch_indices(seed, s, ...)`).
 
-    The batch of step s is `batch_indices(seed, s, ...)`. The history holds the
-    training loss of every step ("step", "train_loss"), the test evaluations
-    made every `eval_every` steps and at the end ("eval": dicts with step, loss,
-    accuracy), and "seconds_per_step", measured over the steps after the first
-    (which compiles), evaluations excluded.
-
-    To resume, pass the restored `optimizer` and the saved `history`: training
-    continues after its last step. With a `mesh`, batches are split over its
-    devices (model and optimizer are replicated first). `on_step(step,
-    history)` is called after every step (checkpointing, pre-emption).
+    Returns the history: "step" and "train_loss" for every step; "eval", dicts
+    of step, loss and accuracy on the test split every `eval_every` steps and at
+    the end; "seconds_per_step", timed over the steps after the first (which
+    compiles), evaluations excluded. To resume, pass the restored `optimizer`
+    and the saved `history`. With a `mesh`, batches are split over its devices
+    (model and optimizer replicated first). `on_step(step, history)` runs after
+    every step (checkpointing, pre-emption).
     """
     steps = checks.positive_int(steps, "steps")
-    batch_size = checks.positive_int(batch_size, "batch_size")
-    if batch_size > len(x_train):
-        raise ValueError(f"batch_size ({batch_size}) must not exceed the number of "
-                         f"training sequences ({len(x_train)})")
-    if optimizer is None:
-        optimizer = make_optimizer(model, lr=lr, weight_decay=weight_decay, steps=steps,
-                                   ssm_lr=ssm_lr)
-    history = history or {"step": [], "train_loss": [], "eval": []}
-    put = jnp.asarray
+    batch_size = checks.batch_size(batch_size, len(x_train))
+    optimizer = optimizer or make_optimizer(model, lr=lr, weight_decay=weight_decay,
+                                            steps=steps, ssm_lr=ssm_lr)
     if mesh is not None:
         replicate(mesh, model, optimizer)
-        put = lambda a: shard_batch(mesh, a)  # noqa: E731
+    put = jnp.asarray if mesh is None else functools.partial(shard_batch, mesh)
+    history = history or {"step": [], "train_loss": [], "eval": []}
     log = log or (lambda *_: None)
     model.train()
     first = history["step"][-1] + 1 if history["step"] else 1
@@ -200,10 +192,7 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
         loss = float(loss)  # waits for the step to finish
         if step > first:  # the first step compiles: time the others
             seconds += time.perf_counter() - start
-        if not np.isfinite(loss):
-            raise FloatingPointError(
-                f"training diverged at step {step}: the loss is {loss}; try a smaller "
-                f"learning rate (now {lr})")
+        checks.finite_loss(loss, step, lr)
         history["step"].append(step)
         history["train_loss"].append(loss)
         if log_every and (step % log_every == 0 or step == steps):
@@ -212,8 +201,8 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
         if x_test is not None and (step == steps or (eval_every and step % eval_every == 0)):
             metrics = evaluate(model, x_test, y_test, mesh=mesh)
             history["eval"].append({"step": step, **metrics})
-            log(f"step {step:6d}  train loss {loss:.4f}  "
-                f"test loss {metrics['loss']:.4f}  test acc {metrics['accuracy']:.4f}")
+            log(f"step {step:6d}  train loss {loss:.4f}  test loss {metrics['loss']:.4f}  "
+                f"test acc {metrics['accuracy']:.4f}")
         if on_step is not None:
             on_step(step, history)
     history["seconds_per_step"] = seconds / max(steps - first, 1)

@@ -1,6 +1,5 @@
 """Tests for annotated_s4.h3: shift SSM, H3 (Algorithm 1), state passing, RNN mode."""
 
-import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
 import functools
 
 import jax
@@ -9,10 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4 import CausalSelfAttention, StackedModel, causal_convolution
-from annotated_s4.h3 import (
-    DiagonalSSM, H3Layer, ShiftSSM, causal_conv, shift_kernel, shift_matrix,
-)
+from annotated_s4 import CausalSelfAttention, S4DLayer, StackedModel, causal_convolution
+from annotated_s4.h3 import H3Layer, ShiftSSM, causal_conv, shift_kernel, shift_matrix
 from annotated_s4 import h3
 
 
@@ -50,7 +47,7 @@ def _algorithm1_loop(layer, u):
     for t in range(L):
         for j in range(min(C.shape[1], t + 1)):
             Ks[:, t] += C[:, j] * K[:, t - j]
-    Lambda, Cd, step = (np.asarray(a) for a in layer.diag.params())
+    Lambda, _, Cd, step = (np.asarray(a) for a in layer.diag.ssm_params())   # B = 1
     Lambda, Cd = Lambda.astype(np.complex128), Cd.astype(np.complex128)
     Lb = np.exp(step.astype(np.float64)[:, None] * Lambda)
     Bb = (Lb - 1) / Lambda
@@ -89,7 +86,7 @@ def _run_rnn(layer, u):
 
 @pytest.mark.parametrize("make", [
     lambda: H3Layer(8, rngs=nnx.Rngs(5), head_dim=4, state_size=8, shift_size=3),
-    lambda: DiagonalSSM(8, 8, rngs=nnx.Rngs(6)),
+    lambda: S4DLayer(8, 16, rngs=nnx.Rngs(6), learn_B=False),       # H3's diagonal SSM
     lambda: ShiftSSM(8, 3, rngs=nnx.Rngs(7)),
     lambda: CausalSelfAttention(8, rngs=nnx.Rngs(8), n_heads=2, max_len=16),
 ])
@@ -164,7 +161,7 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="L must be a positive int"):
         shift_kernel(jnp.ones(3), 0)
     with pytest.raises(ValueError, match="H must be a positive int"):
-        DiagonalSSM(0, 4, rngs=nnx.Rngs(0))
+        H3Layer(0, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="K must have length"):
         fft_conv(jnp.zeros((1, 5, 2)), jnp.zeros((2, 4)), axis=1)
 
@@ -220,7 +217,8 @@ def test_chunk_survives_underflowing_decay():
     # a fast-decaying mode: Lambda_bar^T underflows to 0 in float32 within a
     # chunk; the carried state must stay finite (it once was 0/0 = NaN)
     layer = H3Layer(8, rngs=nnx.Rngs(1), head_dim=4, state_size=4)
-    layer.diag.log_Lambda_re[...] = jnp.full_like(layer.diag.log_Lambda_re[...], jnp.log(200.0))
+    layer.diag.Lambda_log_neg_re[...] = jnp.full_like(layer.diag.Lambda_log_neg_re[...],
+                                                      jnp.log(200.0))
     layer.diag.log_step[...] = jnp.zeros_like(layer.diag.log_step[...])   # step 1
     u = _u((1, 32, 8), seed=3)
     y, (k_new, x_new) = layer.chunk(u, layer.init_state(1))
@@ -228,45 +226,7 @@ def test_chunk_survives_underflowing_decay():
     assert jnp.allclose(layer.chunked(u, 8), layer(u), atol=1e-4)
 
 
-# --- The fast Vandermonde kernel and the block FFT (float64) --------------------
-
-
-def test_vandermonde_equals_reference_kernel_float64():
-    from jax import enable_x64
-
-    from annotated_s4.s4 import discretize_diagonal, kernel_diagonal
-
-    with enable_x64():
-        H, N = 5, 16
-        rng = np.random.default_rng(0)
-        Lambda = jnp.asarray(-np.exp(rng.normal(size=(H, N)) - 1) + 1j * np.pi * np.arange(N))
-        C = jnp.asarray(rng.normal(size=(H, N)) + 1j * rng.normal(size=(H, N)))
-        step = jnp.asarray(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), H)))
-        _, B_bar = discretize_diagonal(Lambda, jnp.ones_like(Lambda), step[:, None])
-        for L in (1, 2, 7, 64, 1000, 4099):
-            ref = jax.vmap(kernel_diagonal, in_axes=(0, 0, 0, 0, None))(
-                Lambda, jnp.ones_like(Lambda), 2 * C, step, L)
-            fast = h3.vandermonde(2 * C * B_bar, step[:, None] * Lambda, L)
-            assert fast.dtype == jnp.float64 and fast.shape == (H, L)
-            rel = float(jnp.abs(fast - ref).max() / jnp.abs(ref).max())
-            assert rel < 1e-10, (L, rel)
-
-
-def test_diagonal_ssm_kernel_is_the_reference_formula():
-    from annotated_s4.s4 import kernel_diagonal
-
-    ssm = DiagonalSSM(4, 8, rngs=nnx.Rngs(0))
-    Lambda, C, step = ssm.params()
-    ref = jax.vmap(kernel_diagonal, in_axes=(0, 0, 0, 0, None))(
-        Lambda, jnp.ones_like(Lambda), 2 * C, step, 300)
-    assert jnp.allclose(ssm.kernel(300), ref, atol=1e-5 * float(jnp.abs(ref).max()))
-
-
-def test_vandermonde_checks_its_arguments():
-    with pytest.raises(ValueError, match="L"):
-        h3.vandermonde(jnp.ones(3), jnp.ones(3), 0)
-    with pytest.raises(TypeError, match="W"):
-        h3.vandermonde(jnp.ones(3, int).astype(bool), jnp.ones(3), 4)
+# --- The block FFT (float64) ---------------------------------------------------
 
 
 @pytest.mark.parametrize("N,n1", [(1, 1), (8, 2), (64, 8), (96, 12), (1024, 32), (4096, 64), (60, 60)])

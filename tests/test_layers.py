@@ -2,7 +2,6 @@
 
 import functools
 
-import annotated_s4  # noqa: F401  (sets the XLA flag first)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -236,10 +235,30 @@ def test_params_follow_default_float_dtype():
             assert leaf.dtype == jnp.float32
 
 
+@pytest.mark.parametrize("learn_B", [True, False])
+def test_s4d_kernel_is_the_reference_formula(learn_B):
+    from annotated_s4.s4 import kernel_diagonal
+
+    layer = S4DLayer(4, 16, rngs=nnx.Rngs(0), learn_B=learn_B)
+    if learn_B:  # a B that is not 1, so that B_bar's factor B is tested
+        layer.B[...] = jax.random.normal(jax.random.PRNGKey(1), layer.B[...].shape)
+    Lambda, B, C, step = layer.ssm_params()
+    ref = jax.vmap(kernel_diagonal, in_axes=(0, 0, 0, 0, None))(Lambda, B, 2 * C, step, 300)
+    assert jnp.allclose(layer.kernel(300), ref, atol=1e-5 * float(jnp.abs(ref).max()))
+    assert (layer.B is None) == (not learn_B)
+
+
 def test_s4d_errors():
     with pytest.raises(ValueError, match="init"):
         S4DLayer(H, N, L, rngs=nnx.Rngs(0), init="legs")
+    with pytest.raises(ValueError, match="N must be even"):
+        S4DLayer(H, 5, L, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="learn_B must be True or False"):
+        S4DLayer(H, N, L, rngs=nnx.Rngs(0), learn_B=0)
     layer = S4DLayer(H, N, L, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="more than the layer's L"):
+        layer(jnp.zeros((1, L + 1, H)))
+    assert S4DLayer(H, N, rngs=nnx.Rngs(0))(jnp.zeros((1, L + 1, H))).shape == (1, L + 1, H)
     with pytest.raises(ValueError, match="init_cache"):
         layer.step(jnp.zeros((1, H)))
 

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 from jax import enable_x64
 
-import annotated_s4  # noqa: F401  (sets the XLA flag first)
 from annotated_s4.hippo import make_DPLR_HiPPO, make_HiPPO, make_NPLR_HiPPO
 from annotated_s4.s4 import (
     K_gen_inverse,
@@ -22,6 +21,7 @@ from annotated_s4.s4 import (
     s4d_inv_init,
     s4d_lin_init,
     unfold_conj,
+    vandermonde,
 )
 from annotated_s4.ssm import K_conv, discretize, random_SSM
 
@@ -215,3 +215,27 @@ def test_diagonal_and_generating_function_errors():
         kernel_diagonal(lam, b, b, np.array([0.1, 0.2]), 8)
     with pytest.raises(TypeError, match="gen"):
         conv_from_gen(np.ones(8), 8)
+
+
+def test_vandermonde_equals_reference_kernel_float64():
+    with enable_x64():
+        H, N = 5, 16
+        rng = np.random.default_rng(0)
+        Lambda = jnp.asarray(-np.exp(rng.normal(size=(H, N)) - 1) + 1j * np.pi * np.arange(N))
+        C = jnp.asarray(rng.normal(size=(H, N)) + 1j * rng.normal(size=(H, N)))
+        step = jnp.asarray(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), H)))
+        _, B_bar = discretize_diagonal(Lambda, jnp.ones_like(Lambda), step[:, None])
+        for L in (1, 2, 7, 64, 1000, 4099):
+            ref = jax.vmap(kernel_diagonal, in_axes=(0, 0, 0, 0, None))(
+                Lambda, jnp.ones_like(Lambda), 2 * C, step, L)
+            fast = vandermonde(2 * C * B_bar, step[:, None] * Lambda, L)
+            assert fast.dtype == jnp.float64 and fast.shape == (H, L)
+            rel = float(jnp.abs(fast - ref).max() / jnp.abs(ref).max())
+            assert rel < 1e-10, (L, rel)
+
+
+def test_vandermonde_checks_its_arguments():
+    with pytest.raises(ValueError, match="L"):
+        vandermonde(jnp.ones(3), jnp.ones(3), 0)
+    with pytest.raises(TypeError, match="W"):
+        vandermonde(jnp.ones(3, int).astype(bool), jnp.ones(3), 4)
