@@ -235,11 +235,17 @@ LAYERS = {
 
 
 def build_parser():
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m annotated_s4.cli",
         description="Train a stacked SSM / S4 / S4D / H3 / attention model on an "
                     "offline dataset (or MNIST, downloaded once).",
     )
+    _model_options(parser.add_argument_group("data and model"))
+    _training_options(parser.add_argument_group("training"))
+    return parser
+
+
+def _model_options(p):
     p.add_argument("--dataset", choices=sorted(DATASETS), default="digits",
                    help="digits: 8x8 digits as 64-step sequences; digits-784: upsampled "
                         "to 28x28 = 784 steps; digits-gen: next-pixel generation; "
@@ -266,6 +272,17 @@ def build_parser():
                         "layer) instead of one copy shared by the channels")
     p.add_argument("--head-dim", type=int, default=8, help="H3 head dimension d_h")
     p.add_argument("--n-heads", type=int, default=4, help="attention heads")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="vocabulary of the recall tasks (default: 20 for induction-head, "
+                        "10 for associative-recall, as in the H3 paper)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="sequence length of the recall tasks (default: 30 for "
+                        "induction-head, 20 for associative-recall) and of the charlm "
+                        "windows (default 128)")
+    p.add_argument("--seed-data", type=int, default=0, help="train/test split")
+
+
+def _training_options(p):
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -276,14 +293,6 @@ def build_parser():
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0, help="model init and batch order")
-    p.add_argument("--seed-data", type=int, default=0, help="train/test split")
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help="vocabulary of the recall tasks (default: 20 for induction-head, "
-                        "10 for associative-recall, as in the H3 paper)")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help="sequence length of the recall tasks (default: 30 for "
-                        "induction-head, 20 for associative-recall) and of the charlm "
-                        "windows (default 128)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate on the test split every this many steps (0: at the end)")
     p.add_argument("--log-every", type=int, default=50)
@@ -293,7 +302,6 @@ def build_parser():
                    "config.json, history.json, metrics.json")
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT/checkpoint.npz if it exists")
-    return p
 
 
 # The options that define a run (what config.json records and --resume compares).
@@ -412,17 +420,7 @@ def run(args, log=print, devices=None):
     model = build_model(args, data)
     optimizer = build_optimizer(args, model)
     config = config_of(args, data)
-    history = None
-    if args.out and args.resume and os.path.exists(os.path.join(args.out, CHECKPOINT)):
-        step, extra, _ = read_checkpoint_info(args.out)
-        saved = extra.get("config") or {}
-        if saved != config:
-            changed = sorted(k for k in config if saved.get(k) != config[k])
-            raise ValueError(f"--resume: the checkpoint in {args.out} was written with a "
-                             f"different configuration (differs in: {', '.join(changed)})")
-        load_checkpoint(args.out, model, optimizer)
-        history = extra["history"]
-        log(f"resumed from {args.out} at step {step}")
+    history = _resume(args, model, optimizer, config, log)
     n_params = count_params(model)
     log(f"{args.layer} on {args.dataset}: {n_params:,} parameters, "
         f"L = {data['x_train'].shape[1]}, {n_dev} device(s)")
@@ -448,10 +446,26 @@ def run(args, log=print, devices=None):
         # A finished run keeps the model only: the optimizer's state is needed
         # to resume an unfinished run, and would triple the file.
         save_checkpoint(args.out, model, None, args.steps, {"config": config})
-        write_json(args.out, "config.json", config)
-        write_json(args.out, "history.json", history)
-        write_json(args.out, "metrics.json", metrics)
+        for name, obj in [("config", config), ("history", history), ("metrics", metrics)]:
+            write_json(args.out, f"{name}.json", obj)
     return {**metrics, "history": history, "model": model}
+
+
+def _resume(args, model, optimizer, config, log):
+    """With --resume and a checkpoint in --out: restore model and optimizer
+    from it and return its history (None otherwise). A checkpoint written
+    with another configuration is refused."""
+    if not (args.out and args.resume and os.path.exists(os.path.join(args.out, CHECKPOINT))):
+        return None
+    step, extra, _ = read_checkpoint_info(args.out)
+    saved = extra.get("config") or {}
+    if saved != config:
+        changed = sorted(k for k in config if saved.get(k) != config[k])
+        raise ValueError(f"--resume: the checkpoint in {args.out} was written with a "
+                         f"different configuration (differs in: {', '.join(changed)})")
+    load_checkpoint(args.out, model, optimizer)
+    log(f"resumed from {args.out} at step {step}")
+    return extra["history"]
 
 
 def main(argv=None):

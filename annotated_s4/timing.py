@@ -244,6 +244,37 @@ def linearity(slope, tol=0.25):
 # --------------------------------------------------------------------------
 # Generation throughput in RNN mode (chapter 7, benchmarks/bench_h3.py)
 # --------------------------------------------------------------------------
+def _prefilled_decoder(model, prompt, n_new):
+    """(decode, state, token): `model` (in RNN mode, cache initialised) fed
+    `prompt` (batch, P) once, compiled; decode(state, token) then generates
+    `n_new` tokens greedily from that state in one compiled `nnx.scan` and
+    returns the last, so every call starts from the same state."""
+    graph, state = nnx.split(model)
+
+    def feed(state, tokens):            # tokens (T, batch) in; the state after them
+        model = nnx.merge(graph, state)
+        model, out = nnx.scan(lambda m, tok: (m, m.step(tok).argmax(-1).astype(jnp.int32)),
+                              in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))(model, tokens)
+        return nnx.state(model), out[-1]
+
+    def decode(state, tok):             # feed back the argmax n_new times
+        model = nnx.merge(graph, state)
+
+        def feedback(carry, _):
+            model, tok = carry
+            nxt = model.step(tok).argmax(-1).astype(jnp.int32)
+            return (model, nxt), nxt
+
+        (_, last), _ = nnx.scan(feedback, in_axes=(nnx.Carry, None),
+                                out_axes=(nnx.Carry, 0), length=n_new)((model, tok), None)
+        return last
+
+    start = jnp.full((prompt.shape[0], 1), model.start_token, jnp.int32)
+    state, tok = jax.block_until_ready(
+        jax.jit(feed)(state, jnp.concatenate([start, prompt], 1).T))
+    return jax.jit(decode), state, tok
+
+
 def generation_throughput(models, prompts, n_new, *, batch=8, repeats=3, seed=1, log=None):
     """Tokens per second of greedy decoding after prompts of several lengths.
 
@@ -251,12 +282,11 @@ def generation_throughput(models, prompts, n_new, *, batch=8, repeats=3, seed=1,
     `StackedModel` (with vocab_size) able to hold max_len positions. For every
     (name, prompt length P): the prompt is fed once in RNN mode (prefill,
     compiled, not timed); then `n_new` tokens are generated from the state it
-    left, in one compiled `nnx.scan`, starting from that same state every
-    time. The runs
-    go round-robin over all (name, P) pairs, `repeats` + 1 rounds, the first
-    round compiling and not counted, so that a slow period of the machine
-    does not fall on one configuration only. Returns rows with layer, prompt,
-    new_tokens, batch, decode_s (median) and tokens_per_s.
+    left (`_prefilled_decoder`). The runs go round-robin over all (name, P)
+    pairs, `repeats` + 1 rounds, the first round compiling and not counted, so
+    that a slow period of the machine does not fall on one configuration only.
+    Returns rows with layer, prompt, new_tokens, batch, decode_s (median) and
+    tokens_per_s.
     """
     n_new, batch = checks.positive_int(n_new, "n_new"), checks.positive_int(batch, "batch")
     repeats = checks.positive_int(repeats, "repeats")
@@ -267,46 +297,17 @@ def generation_throughput(models, prompts, n_new, *, batch=8, repeats=3, seed=1,
             model = make_model(P + n_new + 1)
             model.eval()
             model.init_cache(batch)
-            graph, state = nnx.split(model)
-            vocab = model.vocab_size
-            prompt = jax.random.randint(jax.random.PRNGKey(seed), (batch, P), 0, vocab)
-
-            def run_steps(state, first, tokens, graph=graph):
-                """Feed `first` then, if `tokens` is None, feed back the argmax
-                n_new times; else feed `tokens` (batch, T). Returns (state, last)."""
-                model = nnx.merge(graph, state)
-
-                def body(model, tok):
-                    return model, model.step(tok).argmax(-1).astype(jnp.int32)
-
-                def feedback(carry, _):
-                    model, tok = carry
-                    model, nxt = body(model, tok)
-                    return (model, nxt), nxt
-
-                if tokens is None:
-                    (model, last), _ = nnx.scan(
-                        feedback, in_axes=(nnx.Carry, None), out_axes=(nnx.Carry, 0),
-                        length=n_new)((model, first), None)
-                else:
-                    toks = jnp.concatenate([first[:, None], tokens], 1).T
-                    model, out = nnx.scan(body, in_axes=(nnx.Carry, 0),
-                                          out_axes=(nnx.Carry, 0))(model, toks)
-                    last = out[-1]
-                return nnx.state(model), last
-
-            start = jnp.full((batch,), model.start_token, jnp.int32)
-            state, tok = jax.block_until_ready(jax.jit(run_steps)(state, start, prompt))
-            decode = jax.jit(lambda state, tok, f=run_steps: f(state, tok, None)[1])
-            runs[name, P] = (decode, state, tok, [])
+            prompt = jax.random.randint(jax.random.PRNGKey(seed), (batch, P), 0,
+                                        model.vocab_size)
+            runs[name, P] = (*_prefilled_decoder(model, prompt, n_new), [])
     for round_ in range(repeats + 1):
-        for key, (decode, state, tok, times) in runs.items():
+        for decode, state, tok, times in runs.values():
             t0 = time.perf_counter()
             jax.block_until_ready(decode(state, tok))
             if round_:                                   # round 0 compiles
                 times.append(time.perf_counter() - t0)
     rows = []
-    for (name, P), (_, _, _, times) in runs.items():
+    for (name, P), (*_, times) in runs.items():
         seconds = statistics.median(times)
         rows.append({"layer": name, "prompt": P, "new_tokens": n_new, "batch": batch,
                      "repeats": repeats, "decode_s": seconds,

@@ -338,46 +338,51 @@ class _Decoder:
         return jax.lax.scan(self.step, self.init(), x)[1]
 
 
-class FFTDecoder(_Decoder):
-    """Recompute: keep the inputs so far in a buffer and redo the whole causal
-    convolution by FFT for every new token: O(n log n * d) per token."""
+class _InputBuffer(_Decoder):
+    """The state of the two decoders that keep the inputs: a buffer of the n
+    past inputs (n, d) and the position i of the next one."""
 
     def __init__(self, t):
         t = _kernel(t)
         self.t = t[:, None] if t.ndim == 1 else t
         self.n, self.d = self.t.shape
-        self.t_hat = jnp.fft.rfft(self.t, 2 * self.n, axis=0)
 
     def init(self):
         return jnp.zeros_like(self.t), jnp.zeros((), jnp.int32)
 
-    def step(self, state, x_t):
+    def _push(self, state, x_t):
+        """The buffer with x_t written at position i, and i."""
         self._check_step(x_t)
         buf, i = state
-        buf = buf.at[i].set(x_t)
+        return buf.at[i].set(x_t), i
+
+
+class FFTDecoder(_InputBuffer):
+    """Recompute: keep the inputs so far in a buffer and redo the whole causal
+    convolution by FFT for every new token: O(n log n * d) per token."""
+
+    def __init__(self, t):
+        super().__init__(t)
+        self.t_hat = jnp.fft.rfft(self.t, 2 * self.n, axis=0)
+
+    def step(self, state, x_t):
+        buf, i = self._push(state, x_t)
         y = jnp.fft.irfft(jnp.fft.rfft(buf, 2 * self.n, axis=0) * self.t_hat,
                           2 * self.n, axis=0)
         return (buf, i + 1), y[i]
 
 
-class CacheDecoder(_Decoder):
+class CacheDecoder(_InputBuffer):
     """Cache (the KV-cache analogue): keep the past inputs and compute only the
     new output, y_i = sum_{j<=i} t_{i-j} x_j: O(n d) per token, O(n d) memory."""
 
     def __init__(self, t):
-        t = _kernel(t)
-        self.t = t[:, None] if t.ndim == 1 else t
-        self.n, self.d = self.t.shape
+        super().__init__(t)
         # reversed kernel: t_rev[j] = t[n-1-j], so t_{i-j} = t_rev[n-1-i+j]
         self.t_rev_padded = jnp.concatenate([self.t[::-1], jnp.zeros_like(self.t)], 0)
 
-    def init(self):
-        return jnp.zeros_like(self.t), jnp.zeros((), jnp.int32)
-
     def step(self, state, x_t):
-        self._check_step(x_t)
-        buf, i = state
-        buf = buf.at[i].set(x_t)
+        buf, i = self._push(state, x_t)
         # rows n-1-i .. 2n-2-i of the padded reversed kernel: t_{i-j} for j <= i, 0 after
         taps = jax.lax.dynamic_slice_in_dim(self.t_rev_padded, self.n - 1 - i, self.n, 0)
         return (buf, i + 1), jnp.sum(taps * buf, axis=0)
