@@ -14,7 +14,6 @@ import argparse
 import json
 from pathlib import Path
 
-import annotated_s4  # noqa: F401  (sets XLA flags first)
 import jax
 
 from annotated_s4.timing import convolution_timings

@@ -30,7 +30,6 @@ import argparse
 import json
 import pathlib
 
-import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
 import jax
 from flax import nnx
 

@@ -35,7 +35,6 @@ import os
 import sys
 import time
 
-import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
 import jax
 import jax.numpy as jnp
 import numpy as np

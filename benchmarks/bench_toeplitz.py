@@ -26,7 +26,6 @@ import json
 import pathlib
 import time
 
-import annotated_s4  # noqa: F401  (XLA flag first)
 import jax
 import jax.numpy as jnp
 import matplotlib

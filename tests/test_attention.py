@@ -1,4 +1,3 @@
-import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
 
 import jax
 import jax.numpy as jnp

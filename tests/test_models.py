@@ -2,7 +2,6 @@
 
 import functools
 
-import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
 import jax
 import jax.numpy as jnp
 import numpy as np

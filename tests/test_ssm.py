@@ -1,6 +1,5 @@
 """Part I math: discretization, recurrence, kernel, convolution, the mass-spring example."""
 
-import annotated_s4  # noqa: F401  (sets the XLA flag before any computation)
 import jax
 import jax.numpy as jnp
 import numpy as np
