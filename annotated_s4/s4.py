@@ -195,6 +195,15 @@ def K_gen_inverse(Ab, Bb, Cb, L):
 # --------------------------------------------------------------------------
 # Diagonal plus low rank: Cauchy kernels and the Woodbury identity
 # --------------------------------------------------------------------------
+def _check_cauchy(v, omega, lambd):
+    lambd = checks.array(lambd, "lambd", ndim=1)
+    v = checks.array(v, "v", ndim=(1, 2))
+    if v.shape[-1] != lambd.shape[0]:
+        raise ValueError(f"v must have shape (N,) or (K, N) with N = {lambd.shape[0]}, "
+                         f"got {v.shape}")
+    return v, checks.array(omega, "omega", ndim=1), lambd
+
+
 def cauchy(v, omega, lambd, conj=False):
     """The Cauchy matrix-vector product k(omega_j) = sum_n v_n / (omega_j - lambd_n).
 
@@ -206,12 +215,7 @@ def cauchy(v, omega, lambd, conj=False):
     with weights (v_n, conj v_n), as for a real SSM written in its complex
     eigenbasis; the sum runs over all 2N.
     """
-    lambd = checks.array(lambd, "lambd", ndim=1)
-    v = checks.array(v, "v", ndim=(1, 2))
-    if v.shape[-1] != lambd.shape[0]:
-        raise ValueError(f"v must have shape (N,) or (K, N) with N = {lambd.shape[0]}, "
-                         f"got {v.shape}")
-    omega = checks.array(omega, "omega", ndim=1)
+    v, omega, lambd = _check_cauchy(v, omega, lambd)
     k = v @ (1.0 / (omega[:, None] - lambd[None, :])).T
     if conj:
         k = k + v.conj() @ (1.0 / (omega[:, None] - lambd.conj()[None, :])).T

@@ -55,7 +55,8 @@ def _check_model(model, length):
                          "(StackedModel with classification=False and vocab_size set)")
     length = checks.positive_int(length, "length")
     limits = [block.seq.L for block in model.layers
-              if isinstance(getattr(block, "seq", None), (S4Layer, S4DLayer))]
+              if isinstance(getattr(block, "seq", None), (S4Layer, S4DLayer))
+              and block.seq.L is not None]
     if limits and length > min(limits):
         raise ValueError(f"length {length} exceeds the model's S4/S4D layer length "
                          f"L = {min(limits)}; build the model with a larger L")
@@ -65,6 +66,22 @@ def _check_batch_size(batch_size):
     if batch_size is None:
         raise ValueError("batch_size is required (or a prefix, whose batch it is)")
     return checks.positive_int(batch_size, "batch_size")
+
+
+def _check_generate(model, length, batch_size, prefix, temperature):
+    """`generate`'s arguments; returns (prefix as int32 or None, the batch size,
+    the prefix length)."""
+    _check_model(model, length)
+    checks.number(temperature, "temperature", low=0.0, low_open=True)
+    if prefix is None:
+        return None, _check_batch_size(batch_size), 0
+    prefix = checks.tokens(prefix, "prefix", model.vocab_size).astype(jnp.int32)
+    if prefix.shape[1] > length:
+        raise ValueError(f"prefix length {prefix.shape[1]} exceeds length {length}")
+    if batch_size is not None and batch_size != prefix.shape[0]:
+        raise ValueError(f"batch_size {batch_size} does not match prefix batch "
+                         f"{prefix.shape[0]}")
+    return prefix, prefix.shape[0], prefix.shape[1]
 
 
 def rnn_log_probs(model, x):
@@ -96,20 +113,8 @@ def generate(model, length, *, key, batch_size=None, prefix=None, temperature=1.
     the log-probabilities (0 < temperature; smaller is greedier).
     Returns the tokens, (batch, length) int32.
     """
-    _check_model(model, length)
-    checks.number(temperature, "temperature", low=0.0, low_open=True)
-    if prefix is not None:
-        prefix = checks.tokens(prefix, "prefix", model.vocab_size).astype(jnp.int32)
-        if prefix.shape[1] > length:
-            raise ValueError(f"prefix length {prefix.shape[1]} exceeds length {length}")
-        if batch_size is not None and batch_size != prefix.shape[0]:
-            raise ValueError(f"batch_size {batch_size} does not match prefix batch "
-                             f"{prefix.shape[0]}")
-        batch_size = prefix.shape[0]
-        n_prefix = prefix.shape[1]
-    else:
-        _check_batch_size(batch_size)
-        n_prefix = 0
+    prefix, batch_size, n_prefix = _check_generate(model, length, batch_size, prefix,
+                                                   temperature)
     model.eval()
     model.init_cache(batch_size)
     token = jnp.full((batch_size,), model.start_token, dtype=jnp.int32)

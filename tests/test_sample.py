@@ -114,3 +114,12 @@ def test_generate_with_s4_and_s4d(layer):
             fn(model, L + 1, key=jax.random.key(0), batch_size=1)
     with pytest.raises(ValueError, match="exceeds"):
         rnn_log_probs(model, jnp.zeros((1, L + 1), jnp.int32))
+
+
+def test_generate_with_s4d_of_any_length():
+    # an S4DLayer built without L accepts sequences of any length
+    model = StackedModel(functools.partial(S4DLayer, N=4), V, 8, 1, rngs=nnx.Rngs(0),
+                         vocab_size=V, classification=False)
+    a = generate(model, 2 * L, key=jax.random.key(4), batch_size=2)
+    b = generate_cnn(model, 2 * L, key=jax.random.key(4), batch_size=2)
+    np.testing.assert_array_equal(a, b)
