@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from .checkpoint import RUN_FILES, write_json
+from .checkpoint import RUN_FILES
 
 __all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "MANIFEST", "RAW_URL", "run_dir", "command",
            "available", "manifest", "write_manifest", "locate", "train", "check", "replay",
