@@ -228,7 +228,7 @@ class H3Layer(nnx.Module):
         return (
             jnp.zeros((batch_size, N_shift - 1, self.H)),
             jnp.zeros((batch_size, self.n_heads, self.head_dim, self.head_dim,
-                       self.state_size), self.diag.discrete()[0].dtype),
+                       self.state_size), jnp.result_type(self.diag.Lambda_im[...], 1j)),
         )
 
     def chunk(self, u, state):

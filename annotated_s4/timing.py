@@ -251,18 +251,20 @@ def _prefilled_decoder(model, prompt, n_new):
     returns the last, so every call starts from the same state."""
     graph, state = nnx.split(model)
 
+    def greedy(model, tok):             # one step; the most likely next token
+        return model, model.step(tok).argmax(-1).astype(jnp.int32)
+
     def feed(state, tokens):            # tokens (T, batch) in; the state after them
         model = nnx.merge(graph, state)
-        model, out = nnx.scan(lambda m, tok: (m, m.step(tok).argmax(-1).astype(jnp.int32)),
-                              in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))(model, tokens)
+        model, out = nnx.scan(greedy, in_axes=(nnx.Carry, 0),
+                              out_axes=(nnx.Carry, 0))(model, tokens)
         return nnx.state(model), out[-1]
 
     def decode(state, tok):             # feed back the argmax n_new times
         model = nnx.merge(graph, state)
 
         def feedback(carry, _):
-            model, tok = carry
-            nxt = model.step(tok).argmax(-1).astype(jnp.int32)
+            model, nxt = greedy(*carry)
             return (model, nxt), nxt
 
         (_, last), _ = nnx.scan(feedback, in_axes=(nnx.Carry, None),
