@@ -16,6 +16,7 @@ import sys
 
 import jax
 import numpy as np
+from flax import nnx
 
 from .checkpoint import load_checkpoint, read_run
 from .cli import args_from_config, build_model, extra_metrics, load_dataset, test_metrics
@@ -75,9 +76,15 @@ def completion_accuracy(model, classifier, digits, labels, *, side=28, seed=0):
 
     completed = complete_digits(model, digits, seed=seed)
     classifier.eval()
-    predicted = np.asarray(classifier(digit_pixels(completed.reshape(-1, 8, 8), side))
-                           .argmax(-1))
+    predicted = np.asarray(_predict(classifier, digit_pixels(completed.reshape(-1, 8, 8), side)))
     return float(np.mean(predicted == np.asarray(labels))), completed
+
+
+@nnx.jit
+def _predict(classifier, x):
+    """The classifier's most likely class, as one compiled program (called
+    eagerly, its layers would compile each operation on its own)."""
+    return classifier(x).argmax(-1)
 
 
 def compare(recorded, recomputed, tolerance=TOLERANCE):
