@@ -16,7 +16,6 @@ import sys
 
 import jax
 import numpy as np
-from flax import nnx
 
 from .checkpoint import load_checkpoint, read_run
 from .cli import args_from_config, build_model, extra_metrics, load_dataset, test_metrics
@@ -75,16 +74,8 @@ def completion_accuracy(model, classifier, digits, labels, *, side=28, seed=0):
     from .data import digit_pixels
 
     completed = complete_digits(model, digits, seed=seed)
-    classifier.eval()
-    predicted = np.asarray(_predict(classifier, digit_pixels(completed.reshape(-1, 8, 8), side)))
-    return float(np.mean(predicted == np.asarray(labels))), completed
-
-
-@nnx.jit
-def _predict(classifier, x):
-    """The classifier's most likely class, as one compiled program (called
-    eagerly, its layers would compile each operation on its own)."""
-    return classifier(x).argmax(-1)
+    pixels = digit_pixels(completed.reshape(-1, 8, 8), side)
+    return evaluate(classifier, pixels, np.asarray(labels))["accuracy"], completed
 
 
 def compare(recorded, recomputed, tolerance=TOLERANCE):
