@@ -23,7 +23,7 @@ from .ssm import K_conv, discretize
 
 __all__ = ["time_fn", "peak_bytes", "convolution_timings", "layer_scaling", "crossover",
            "KERNELS", "kernel_fns", "layer_kernel_fn", "kernel_scaling", "loglog_slope",
-           "linearity", "generation_throughput"]
+           "linearity", "generation_throughput", "op_count"]
 
 
 def time_fn(fn, *args, warmup=1, repeats=5):
@@ -44,6 +44,24 @@ def time_fn(fn, *args, warmup=1, repeats=5):
     return statistics.median(times)
 
 
+def op_count(fn, *args):
+    """XLA's count of the work in `fn(*args)`: a dict with the floating-point
+    operations ("flops") and the transcendental functions, exp, log, sin and the
+    like ("transcendentals").
+
+    Counted on the program as traced (`jax.jit(fn).lower(*args)`, before the
+    compiler rewrites it), so the count is the same on every run and every
+    backend, where a time is not. A loop body (`jax.lax.scan`) is counted once,
+    whatever its number of iterations: count a recurrence by its step.
+    """
+    cost = jax.jit(fn).lower(*args).cost_analysis()
+    if isinstance(cost, (list, tuple)):      # some JAX versions: one dict per device
+        cost = cost[0]
+    if not cost:
+        raise RuntimeError(f"the {jax.default_backend()} backend gave no operation count")
+    return {key: float(cost.get(key, 0.0)) for key in ("flops", "transcendentals")}
+
+
 def convolution_timings(lengths, N=64, repeats=5, seed=3):
     """Three ways to apply an N-state SSM to a sequence of each length L.
 
@@ -52,28 +70,44 @@ def convolution_timings(lengths, N=64, repeats=5, seed=3):
     with the kernel K, of the direct causal sum, and of the recurrence by
     `jax.lax.scan`, all jitted (chapter 3 and benchmarks/bench_convolution.py).
     The FFT and scan outputs are checked to agree, relative to the output's size.
-    Returns a list of dicts with keys L, fft_s, direct_s, scan_s.
+    Returns a list of dicts with keys L, fft_s, direct_s, scan_s, and the work
+    of each, XLA's count of floating-point operations (`op_count`): fft_flops,
+    direct_flops, scan_flops (for the scan, L times the count of one step).
     """
     import jax.numpy as jnp
 
-    from .ssm import K_conv, causal_convolution, discretize, random_SSM, run_SSM
+    from .ssm import K_conv, causal_convolution, discretize, random_SSM, scan_SSM
 
     A, B, C = random_SSM(jax.random.PRNGKey(seed), N)
     A = A - N * jnp.eye(N)
-    fft = jax.jit(lambda u, K: causal_convolution(u, K))
-    direct = jax.jit(lambda u, K: causal_convolution(u, K, nofft=True))
-    scan = jax.jit(lambda u: run_SSM(A, B, C, u)[:, 0])
+
+    def fft(u, K):
+        return causal_convolution(u, K)
+
+    def direct(u, K):
+        return causal_convolution(u, K, nofft=True)
+
+    def scan(u):                        # the recurrence, discretized with step 1/L
+        Ab, Bb, Cb = discretize(A, B, C, step=1.0 / u.shape[0])
+        return scan_SSM(Ab, Bb, Cb, u[:, None], jnp.zeros((N,)))[1][:, 0]
+
+    one_step = op_count(scan, jnp.zeros(1))["flops"] - op_count(
+        lambda: discretize(A, B, C, step=1.0))["flops"]
+    fft, direct, scan_jit = jax.jit(fft), jax.jit(direct), jax.jit(scan)
     rows = []
     for L in lengths:
         u = jax.random.normal(jax.random.PRNGKey(seed + 1), (L,))
         K = K_conv(*discretize(A, B, C, 1.0 / L), L)
-        y_fft, y_scan = fft(u, K), scan(u)
+        y_fft, y_scan = fft(u, K), scan_jit(u)
         if not jnp.allclose(y_fft, y_scan, atol=1e-4 * float(jnp.abs(y_scan).max())):
             raise RuntimeError(f"FFT convolution and scan disagree at L = {L}")
         rows.append({"L": L,
                      "fft_s": time_fn(fft, u, K, repeats=repeats),
                      "direct_s": time_fn(direct, u, K, repeats=repeats),
-                     "scan_s": time_fn(scan, u, repeats=repeats)})
+                     "scan_s": time_fn(scan_jit, u, repeats=repeats),
+                     "fft_flops": op_count(fft, u, K)["flops"],
+                     "direct_flops": op_count(direct, u, K)["flops"],
+                     "scan_flops": L * one_step})
     return rows
 
 

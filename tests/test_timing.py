@@ -74,3 +74,24 @@ def test_convolution_timings_rows():
     rows = convolution_timings([32, 64], N=4, repeats=1)
     assert [r["L"] for r in rows] == [32, 64]
     assert all(r[k] > 0 for r in rows for k in ("fft_s", "direct_s", "scan_s"))
+    # the work: the direct sum's is quadratic in L, the scan's L steps of one count
+    assert rows[1]["direct_flops"] > 3 * rows[0]["direct_flops"]
+    assert rows[1]["scan_flops"] == 2 * rows[0]["scan_flops"] > 0
+    assert 0 < rows[0]["fft_flops"] < rows[1]["fft_flops"]
+
+
+def test_op_count_counts_the_traced_program():
+    import jax.numpy as jnp
+
+    from annotated_s4.timing import op_count
+
+    a = jnp.ones((8, 16))
+    b = jnp.ones((16, 4))
+    # a matrix product of (8, 16) by (16, 4): 8 * 4 outputs of 16 multiply-adds
+    assert op_count(lambda a, b: a @ b, a, b)["flops"] == 2 * 8 * 16 * 4
+    counts = op_count(jnp.exp, jnp.ones(1000))
+    assert counts["transcendentals"] == 1000
+    # a matrix product with no exponential has none
+    assert op_count(lambda a, b: a @ b, a, b)["transcendentals"] == 0
+    # the same program, counted twice, gives the same numbers
+    assert op_count(jnp.exp, jnp.ones(1000)) == counts
