@@ -50,8 +50,8 @@ def op_count(fn, *args):
     like ("transcendentals").
 
     Counted on the program as traced (`jax.jit(fn).lower(*args)`, before the
-    compiler rewrites it), so the count is the same on every run and every
-    backend, where a time is not. A loop body (`jax.lax.scan`) is counted once,
+    compiler rewrites it), so the count is the same on every run, where a time
+    is not. A loop body (`jax.lax.scan`) is counted once,
     whatever its number of iterations: count a recurrence by its step.
     """
     cost = jax.jit(fn).lower(*args).cost_analysis()
@@ -76,35 +76,27 @@ def convolution_timings(lengths, N=64, repeats=5, seed=3):
     """
     import jax.numpy as jnp
 
-    from .ssm import K_conv, causal_convolution, discretize, random_SSM, scan_SSM
+    from .ssm import K_conv, causal_convolution, discretize, random_SSM, run_SSM
 
     A, B, C = random_SSM(jax.random.PRNGKey(seed), N)
     A = A - N * jnp.eye(N)
-
-    def fft(u, K):
-        return causal_convolution(u, K)
-
-    def direct(u, K):
-        return causal_convolution(u, K, nofft=True)
-
-    def scan(u):                        # the recurrence, discretized with step 1/L
-        Ab, Bb, Cb = discretize(A, B, C, step=1.0 / u.shape[0])
-        return scan_SSM(Ab, Bb, Cb, u[:, None], jnp.zeros((N,)))[1][:, 0]
-
+    fft = jax.jit(lambda u, K: causal_convolution(u, K))
+    direct = jax.jit(lambda u, K: causal_convolution(u, K, nofft=True))
+    scan = jax.jit(lambda u: run_SSM(A, B, C, u)[:, 0])
+    # run_SSM discretizes, then scans: one step is its count less the discretization's
     one_step = op_count(scan, jnp.zeros(1))["flops"] - op_count(
         lambda: discretize(A, B, C, step=1.0))["flops"]
-    fft, direct, scan_jit = jax.jit(fft), jax.jit(direct), jax.jit(scan)
     rows = []
     for L in lengths:
         u = jax.random.normal(jax.random.PRNGKey(seed + 1), (L,))
         K = K_conv(*discretize(A, B, C, 1.0 / L), L)
-        y_fft, y_scan = fft(u, K), scan_jit(u)
+        y_fft, y_scan = fft(u, K), scan(u)
         if not jnp.allclose(y_fft, y_scan, atol=1e-4 * float(jnp.abs(y_scan).max())):
             raise RuntimeError(f"FFT convolution and scan disagree at L = {L}")
         rows.append({"L": L,
                      "fft_s": time_fn(fft, u, K, repeats=repeats),
                      "direct_s": time_fn(direct, u, K, repeats=repeats),
-                     "scan_s": time_fn(scan_jit, u, repeats=repeats),
+                     "scan_s": time_fn(scan, u, repeats=repeats),
                      "fft_flops": op_count(fft, u, K)["flops"],
                      "direct_flops": op_count(direct, u, K)["flops"],
                      "scan_flops": L * one_step})
