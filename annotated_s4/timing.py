@@ -51,8 +51,8 @@ def op_count(fn, *args):
 
     Counted on the program as traced (`jax.jit(fn).lower(*args)`, before the
     compiler rewrites it), so the count is the same on every run, where a time
-    is not. A loop body (`jax.lax.scan`) is counted once,
-    whatever its number of iterations: count a recurrence by its step.
+    is not. A loop body (`jax.lax.scan`) is counted once, whatever its number
+    of iterations: count a recurrence by its step.
     """
     cost = jax.jit(fn).lower(*args).cost_analysis()
     if isinstance(cost, (list, tuple)):      # some JAX versions: one dict per device
