@@ -311,3 +311,65 @@ def test_the_rule_itself(tmp_path):
     assert {(n, p) for n, p, _ in lab_notes(notes)} >= {(1, "this machine"), (1, "inflated by"),
                                                        (1, "other jobs")}
     assert not [n for n, _, _ in lab_notes(notes) if n == 2]
+
+
+# A prose line that starts with "+ ", "- " or "* " starts a Markdown list item,
+# even in the middle of a paragraph: inside a $...$ span it splits the formula
+# (the reader sees raw TeX), inside a $$ display it ends the display.
+LIST_START = re.compile(r"^\s*[-+*](\s|$)")
+DISPLAY_ENV = re.compile(r"^\s*\\begin\{(equation|align|gather|multline|eqnarray)\*?\}")
+
+
+def list_items_in_math(text):
+    """[(line, text)] of the lines that start like a list item inside math."""
+    found, fence, in_display, env, inline_open = [], None, False, None, False
+    lines = text.splitlines()
+    for i, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if fence:
+            if stripped.startswith(fence) and stripped.strip("`~") == "":
+                fence = None
+            continue
+        m = re.match(r"^(`{3,}|~{3,})", stripped)
+        if m:
+            fence, inline_open = m.group(1), False
+            continue
+        inside = in_display or env or inline_open
+        if inside and LIST_START.match(line):
+            found.append((i, stripped[:100]))
+        if not stripped:                       # a blank line ends a paragraph
+            inline_open = False
+            continue
+        if env:
+            if re.search(r"\\end\{" + re.escape(env), stripped):
+                env = None
+            continue
+        if not in_display and (m := DISPLAY_ENV.match(line)) and not inline_open:
+            if not re.search(r"\\end\{" + re.escape(m.group(1)), stripped):
+                env = m.group(1)
+            continue
+        prose = re.sub(r"`[^`]*`", "", line.replace(r"\$", ""))
+        for token in re.findall(r"\$\$|\$", prose):
+            if token == "$$":
+                in_display = not in_display
+            elif not in_display:
+                inline_open = not inline_open
+    return found
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in PAGES])
+def test_no_list_item_inside_math(path):
+    found = list_items_in_math(path.read_text())
+    assert not found, ("a line inside math starts with +, - or *, which Markdown reads "
+                       "as a list item (move the sign to the end of the line above):\n"
+                       + "\n".join(f"  {path.name}:{n}: {t}" for n, t in found))
+
+
+def test_list_items_in_math_rule():
+    bad = ("The norm $\\lVert x \\rVert\n+ \\tfrac12 y$ is split.\n\n"
+           "$$\na = b\n- c\n$$\n\n"
+           "\\begin{align}\nx &= y\n* z\n\\end{align}\n")
+    assert [n for n, _ in list_items_in_math(bad)] == [2, 6, 11]
+    good = ("A sum $a +\nb$ and a list:\n\n- $x$ item\n+ $y$ item\n\n"
+            "```python\n$x\n+ y\n```\n\nCosts \\$5 and\n- a list item.\n")
+    assert list_items_in_math(good) == []
