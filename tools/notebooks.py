@@ -39,7 +39,7 @@ def chapters():
 
 # The package's run-time dependencies, pinned in Colab as in requirements.txt.
 COLAB_PINS = ("flax", "optax", "numpy", "scipy", "matplotlib", "seaborn", "celluloid",
-              "pillow", "scikit-learn")
+              "pillow", "scikit-learn", "mlxtend")
 
 
 def pins():
