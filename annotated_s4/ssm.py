@@ -31,6 +31,7 @@ __all__ = [
     "example_ssm",
     "example_force_jumps",
     "reference_solution",
+    "memory_ratio",
 ]
 
 
@@ -215,3 +216,26 @@ def reference_solution(A, B, C, force, t, breaks=(), rtol=1e-11, atol=1e-13):
         x = sol.y[:, -1]
     piece = np.clip(np.searchsorted(edges, t, side="left") - 1, 0, len(pieces) - 1)
     return np.array([C[0] @ pieces[p](s) for p, s in zip(piece, t)])
+
+
+# --------------------------------------------------------------------------
+# How long a discrete SSM remembers (chapter 6)
+# --------------------------------------------------------------------------
+def memory_ratio(A, B, step, lengths):
+    """How much of the first input the state still holds when the L-th arrives.
+
+    For each L in `lengths`: ||Ab^(L-1) Bb||^2 / ||Bb||^2, with (Ab, Bb) the
+    bilinear discretisation of `discretize` at `step`. Bb is the state that
+    an impulse u_0 = 1 leaves, Ab^(L-1) Bb what is left of it L - 1 steps
+    later; below 1 the state forgets, above 1 it amplifies. A (N, N) and
+    B (N, 1), real or complex. NumPy in float64: a diagnostic of an
+    initialisation, and ratios far below float32's smallest number stay exact.
+    """
+    checks.array(A, "A", ndim=2), checks.array(B, "B", shape=(np.shape(A)[0], 1))
+    step = checks.positive(step, "step")
+    A, B = np.asarray(A, dtype=np.complex128), np.asarray(B, dtype=np.complex128)
+    I = np.eye(A.shape[0])
+    BL = np.linalg.inv(I - (step / 2.0) * A)
+    Ab, Bb = BL @ (I + (step / 2.0) * A), (BL * step) @ B
+    left = [np.linalg.matrix_power(Ab, checks.positive_int(L, "L") - 1) @ Bb for L in lengths]
+    return np.array([np.vdot(x, x).real for x in left]) / np.vdot(Bb, Bb).real

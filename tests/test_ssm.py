@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from annotated_s4 import (K_conv, causal_convolution, discretize, example_force, example_mass,
-                          example_force_jumps, example_ssm, random_SSM, reference_solution,
-                          run_SSM, scan_SSM)
+                          example_force_jumps, example_ssm, memory_ratio, random_SSM,
+                          reference_solution, run_SSM, scan_SSM)
 
 
 def stable_ssm(N, seed=0):
@@ -254,3 +254,42 @@ def test_batched_convolution_matches_single():
         causal_convolution(u, K[:, :10], axis=1)
     with pytest.raises(ValueError, match="axis"):
         causal_convolution(u[0, :, 0], K, axis=1)
+
+
+# --- memory_ratio: what is left of the first input ------------------------------
+
+
+def test_memory_ratio_of_one_mode_is_its_power():
+    a, step = -0.5 + 3j, 0.01
+    ab = (1 + step * a / 2) / (1 - step * a / 2)  # the bilinear Ab of a 1 x 1 system
+    lengths = [1, 2, 64, 1000]
+    got = memory_ratio(np.array([[a]]), np.array([[2.0]]), step, lengths)
+    np.testing.assert_allclose(got, [abs(ab) ** (2 * (L - 1)) for L in lengths], rtol=1e-12)
+
+
+def test_memory_ratio_does_not_depend_on_the_basis():
+    """The ratio is a ratio of norms: a unitary change of basis leaves it alone."""
+    rng = np.random.default_rng(0)
+    A, B = rng.normal(size=(6, 6)) - 3 * np.eye(6), rng.normal(size=(6, 1))
+    U, _ = np.linalg.qr(rng.normal(size=(6, 6)) + 1j * rng.normal(size=(6, 6)))
+    np.testing.assert_allclose(memory_ratio(U @ A @ U.conj().T, U @ B, 0.01, [10, 300]),
+                               memory_ratio(A, B, 0.01, [10, 300]), rtol=1e-9)
+
+
+def test_memory_ratio_below_float32():
+    """At step 0.1 and L = 4096 the slowest mode of -I keeps
+    |(1 - 0.05) / (1 + 0.05)|^8190 ~ 1e-355 of its energy: below float64's
+    smallest number too, so exactly 0, but never NaN; at L = 1024 (1e-89) the
+    float64 value is exact where float32 would give 0."""
+    got = memory_ratio(-np.eye(3), np.ones((3, 1)), 0.1, [1024, 4096])
+    np.testing.assert_allclose(got[0], (0.95 / 1.05) ** 2046, rtol=1e-9)
+    assert got[0] > 0 and got[1] == 0
+
+
+def test_memory_ratio_bad_arguments():
+    with pytest.raises(ValueError, match="B"):
+        memory_ratio(np.eye(3), np.ones((2, 1)), 0.1, [4])
+    with pytest.raises(ValueError, match="step"):
+        memory_ratio(np.eye(3), np.ones((3, 1)), 0.0, [4])
+    with pytest.raises(ValueError, match="L"):
+        memory_ratio(np.eye(3), np.ones((3, 1)), 0.1, [0])
