@@ -68,8 +68,9 @@ def make_DPLR_HiPPO(N, conj=False):
     but -i K = -i (S + I/2) is: we diagonalise it with `eigh` (exact to
     rounding, with an orthonormal V), whose real eigenvalues are the w.
 
-    conj=True (N even): A is real, so its eigenvalues and eigenvectors come in
-    conjugate pairs. Only the N/2 modes with w > 0 are returned (V has shape
+    conj=True (N even): S is real, so its eigenvalues and eigenvectors come in
+    conjugate pairs (A itself is lower triangular, with the real eigenvalues
+    -1, ..., -N). Only the N/2 modes with w > 0 are returned (V has shape
     (N, N/2)); the other N/2 are their conjugates, V_full = [V, conj(V)].
     """
     A, P, B = make_NPLR_HiPPO(N)

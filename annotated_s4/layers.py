@@ -137,8 +137,9 @@ def _per_channel_readout(rngs, H, N, dt_min, dt_max):
 class S4Layer(nnx.Module):
     """H channels of an S4 SSM with a DPLR state matrix, HiPPO-initialised.
 
-    The state matrix A = diag(Lambda) - P P^* is real in its original basis,
-    so its N modes come in N/2 conjugate pairs: Lambda, P, B and C~ hold the
+    The state matrix is A = diag(Lambda) - P P^*, where diag(Lambda) is the
+    normal part S = A + P P^T of a real matrix (HiPPO's, at init) in S's
+    eigenbasis, so its N modes come in N/2 conjugate pairs: Lambda, P, B and C~ hold the
     N/2 modes with Im Lambda > 0 and the kernel sums over both halves
     (`kernel_DPLR(..., conj=True)`); N must be even.
 
