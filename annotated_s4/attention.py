@@ -14,7 +14,7 @@ from flax import nnx
 
 from . import _checks as checks
 
-__all__ = ["CausalSelfAttention", "cached_attention"]
+__all__ = ["CausalSelfAttention", "cached_attention", "causal_attention", "flash_attention"]
 
 
 def _rotary(x, positions):
@@ -62,6 +62,122 @@ def cached_attention(q, k_cache, v_cache, length, block):
     return acc / s[..., None]
 
 
+def causal_attention(q, k, v):
+    """softmax(Q K^T / sqrt(d) + causal mask) V, with the L x L scores stored.
+
+    q, k, v: (batch, L, heads, d). The reference the blockwise version is
+    checked against: O(L^2) memory per head.
+    """
+    L, d = q.shape[1], q.shape[-1]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+    scores = jnp.where(jnp.tril(jnp.ones((L, L), bool)), scores, -jnp.inf)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+
+
+def _blocks(x, block):
+    """(batch, L, heads, d) -> (L / block, batch, heads, block, d)."""
+    b, L, h, d = x.shape
+    return x.reshape(b, L // block, block, h, d).transpose(1, 0, 3, 2, 4)
+
+
+def _unblock(x):
+    """The inverse of `_blocks`: (n, batch, heads, block, d) -> (batch, L, heads, d)."""
+    n, b, h, block, d = x.shape
+    return x.transpose(1, 0, 3, 2, 4).reshape(b, n * block, h, d)
+
+
+def _scores(q_i, k_j, i, j):
+    """The scores of query block i against key block j, masked where j = i."""
+    s = jnp.einsum("bhqd,bhkd->bhqk", q_i, k_j)
+    block = s.shape[-1]
+    causal = jnp.tril(jnp.ones((block, block), bool))
+    return jnp.where((j < i) | causal, s, -jnp.inf)
+
+
+def _flash_forward(q, k, v):
+    """O and the log-sum-exp of every query's scores, both from blocks (n, b, h, B, d)."""
+    def query_block(args):
+        i, q_i = args
+
+        def visit(j, carry):                                # key block j <= i
+            m, s, acc = carry
+            scores = _scores(q_i, k[j], i, j)
+            m_new = jnp.maximum(m, scores.max(-1))
+            p, rescale = jnp.exp(scores - m_new[..., None]), jnp.exp(m - m_new)
+            return (m_new, s * rescale + p.sum(-1),
+                    acc * rescale[..., None] + jnp.einsum("bhqk,bhkd->bhqd", p, v[j]))
+
+        init = (jnp.full(q_i.shape[:-1], -jnp.inf, q.dtype),
+                jnp.zeros(q_i.shape[:-1], q.dtype), jnp.zeros_like(q_i))
+        m, s, acc = jax.lax.fori_loop(0, i + 1, visit, init)
+        return acc / s[..., None], m + jnp.log(s)
+
+    return jax.lax.map(query_block, (jnp.arange(q.shape[0]), q))
+
+
+def _flash_backward(q, k, v, o, lse, do):
+    """dQ, dK, dV, recomputing each block's probabilities from the saved lse."""
+    n = q.shape[0]
+    delta = jnp.sum(do * o, axis=-1)                        # rowsum(dO * O)
+
+    def key_block(j, grads):
+        dq, dk, dv = grads
+
+        def visit(i, carry):                                # query block i >= j
+            dq, dk_j, dv_j = carry
+            p = jnp.exp(_scores(q[i], k[j], i, j) - lse[i][..., None])
+            dp = jnp.einsum("bhqd,bhkd->bhqk", do[i], v[j])
+            ds = p * (dp - delta[i][..., None])
+            dq = dq.at[i].add(jnp.einsum("bhqk,bhkd->bhqd", ds, k[j]))
+            return (dq, dk_j + jnp.einsum("bhqk,bhqd->bhkd", ds, q[i]),
+                    dv_j + jnp.einsum("bhqk,bhqd->bhkd", p, do[i]))
+
+        dq, dk_j, dv_j = jax.lax.fori_loop(
+            j, n, visit, (dq, jnp.zeros_like(k[j]), jnp.zeros_like(v[j])))
+        return dq, dk.at[j].set(dk_j), dv.at[j].set(dv_j)
+
+    zeros = jnp.zeros_like(q)
+    return jax.lax.fori_loop(0, n, key_block, (zeros, zeros, zeros))
+
+
+@jax.custom_vjp
+def _flash(q, k, v):
+    return _flash_forward(q, k, v)[0]
+
+
+def _flash_fwd(q, k, v):
+    o, lse = _flash_forward(q, k, v)
+    return o, (q, k, v, o, lse)
+
+
+def _flash_bwd(residuals, do):
+    return _flash_backward(*residuals, do)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def flash_attention(q, k, v, block=512):
+    """`causal_attention` computed block by block, never storing the L x L scores.
+
+    FlashAttention's algorithm (Dao et al., 2022): the queries and keys are cut
+    into blocks of `block` positions; query block i visits key blocks
+    0, ..., i only (the causal mask skips the rest), keeping a running maximum
+    m, normaliser s and weighted sum of values (the online softmax). The
+    backward pass saves O and lse = m + log s, O(L) numbers per head, and
+    recomputes each block's probabilities exp(scores - lse) from them. q, k,
+    v: (batch, L, heads, d); L is padded to a whole number of blocks (a padded
+    key comes after every real query, so the mask hides it).
+    """
+    L = q.shape[1]
+    block = min(checks.positive_int(block, "block"), L)
+    pad = -L % block
+    q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    o = _flash(_blocks(q * scale, block), _blocks(k, block), _blocks(v, block))
+    return _unblock(o)[:, :L]
+
+
 class CausalSelfAttention(nnx.Module):
     """Multi-head causal softmax attention with rotary positions (the baseline).
 
@@ -72,11 +188,19 @@ class CausalSelfAttention(nnx.Module):
     ``max_len`` are refused: ``__call__`` raises ValueError, and so does
     ``step`` when its position is a concrete number; under ``jit`` (position
     traced) a step past the cache returns NaN instead of overwriting a slot.
+
+    CNN mode stores the L x L scores (`causal_attention`) unless
+    ``flash_block`` is set: then it runs `flash_attention` with blocks of
+    that many positions, O(L) memory, the same result up to rounding.
     """
 
-    def __init__(self, H, *, rngs: nnx.Rngs, n_heads=4, max_len=2048, step_block=128):
+    def __init__(self, H, *, rngs: nnx.Rngs, n_heads=4, max_len=2048, step_block=128,
+                 flash_block=None):
         H, n_heads = checks.positive_int(H, "H"), checks.positive_int(n_heads, "n_heads")
         max_len = checks.positive_int(max_len, "max_len")
+        if flash_block is not None:
+            checks.positive_int(flash_block, "flash_block")
+        self.flash_block = flash_block
         self.step_block = min(checks.positive_int(step_block, "step_block"), max_len)
         if H % n_heads:
             raise ValueError(f"n_heads must divide H, got H={H}, n_heads={n_heads}")
@@ -98,10 +222,10 @@ class CausalSelfAttention(nnx.Module):
         q, k, v = self._split(u)                                    # (b, L, h, d)
         pos = jnp.arange(L)
         q, k = _rotary(q, pos), _rotary(k, pos)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.head_dim)
-        mask = jnp.tril(jnp.ones((L, L), bool))
-        scores = jnp.where(mask, scores, -jnp.inf)
-        o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+        if self.flash_block is None:
+            o = causal_attention(q, k, v)
+        else:
+            o = flash_attention(q, k, v, self.flash_block)
         return self.W_O(o.reshape(u.shape))
 
     def init_cache(self, batch_size):

@@ -242,11 +242,13 @@ def kernel_DPLR(Lambda, P, Q, B, C, step, L, conj=False):
 
     O(N L) work, no matrix powers, no inverses; an inverse FFT gives K.
     conj=True: the N stored modes stand for N conjugate pairs (see `cauchy`),
-    the state size is 2N and only half of it is stored or computed on.
+    the state size is 2N and only half of it is stored or computed on. The
+    SSM is then real, so its values at conjugate roots are conjugate: only
+    the L // 2 + 1 roots that `irfft` reads are evaluated.
     """
     Lambda, P, Q, B, C = _check_dplr(Lambda, P, Q, B, C, step)
     L = checks.positive_int(L, "L")
-    Omega_L = jnp.exp((-2j * jnp.pi) * (jnp.arange(L) / L))
+    Omega_L = jnp.exp((-2j * jnp.pi) * (jnp.arange(L // 2 + 1 if conj else L) / L))
     aterm = (C.conj(), Q.conj())
     bterm = (B, P)
     g = (2.0 / step) * ((1.0 - Omega_L) / (1.0 + Omega_L))
@@ -256,7 +258,9 @@ def kernel_DPLR(Lambda, P, Q, B, C, step, L, conj=False):
                    aterm[1] * bterm[0], aterm[1] * bterm[1]])
     k00, k01, k10, k11 = cauchy(v, g, Lambda, conj)
     atRoots = c * (k00 - k01 * (1.0 / (1.0 + k11)) * k10)
-    return jnp.fft.ifft(atRoots, L).reshape(L).real
+    if conj:
+        return jnp.fft.irfft(atRoots, L)
+    return jnp.fft.ifft(atRoots, L).real
 
 
 def unfold_conj(*xs):

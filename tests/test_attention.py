@@ -87,3 +87,57 @@ def test_attention_step_past_max_len_under_jit_is_nan():
     outs = [step(layer, _u((2, 8), seed=t)) for t in range(4)]
     assert all(jnp.isfinite(o).all() for o in outs[:3])
     assert jnp.isnan(outs[3]).all()
+
+
+# --- The memory-efficient (FlashAttention) form ---------------------------------
+
+from annotated_s4.attention import causal_attention, flash_attention  # noqa: E402
+
+
+@pytest.mark.parametrize("L, block", [(1, 4), (7, 4), (16, 4), (37, 8), (64, 64), (64, 512)])
+def test_flash_attention_equals_attention_with_its_gradients(L, block):
+    """Values and all three gradients agree with the stored-scores attention
+    to float64 rounding, for L a multiple of the block and not (padding)."""
+    from jax import enable_x64
+
+    with enable_x64():
+        keys = jax.random.split(jax.random.PRNGKey(L), 4)
+        q, k, v, g = (jax.random.normal(key, (2, L, 3, 5), jnp.float64) for key in keys)
+        q = 3 * q                                  # peaked softmax: the running max matters
+        flash = lambda q, k, v: flash_attention(q, k, v, block)  # noqa: E731
+        assert jnp.abs(flash(q, k, v) - causal_attention(q, k, v)).max() < 1e-10
+
+        def grads(fn):
+            return jax.grad(lambda *a: jnp.sum(fn(*a) * g), argnums=(0, 1, 2))(q, k, v)
+
+        for got, want in zip(grads(flash), grads(causal_attention)):
+            assert jnp.abs(got - want).max() < 1e-10
+
+
+def test_flash_attention_memory_grows_linearly():
+    """XLA's own accounting of the compiled forward+backward: the stored
+    scores make attention's temporaries grow 4x when L doubles, the blocks
+    keep the flash form's growth near 2x."""
+    def temp_bytes(fn, L):
+        q = jnp.ones((1, L, 2, 16))
+        grad = jax.jit(jax.grad(lambda q, k, v: fn(q, k, v).sum(), argnums=(0, 1, 2)))
+        return grad.lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
+
+    flash = lambda q, k, v: flash_attention(q, k, v, 128)  # noqa: E731
+    assert temp_bytes(causal_attention, 2048) > 3.5 * temp_bytes(causal_attention, 1024)
+    assert temp_bytes(flash, 2048) < 2.5 * temp_bytes(flash, 1024)
+    assert temp_bytes(flash, 2048) < temp_bytes(causal_attention, 2048) / 4
+
+
+def test_layer_with_flash_blocks_equals_the_plain_layer():
+    plain = CausalSelfAttention(16, rngs=nnx.Rngs(0), n_heads=2, max_len=40)
+    flash = CausalSelfAttention(16, rngs=nnx.Rngs(0), n_heads=2, max_len=40, flash_block=8)
+    u = jax.random.normal(jax.random.PRNGKey(5), (2, 37, 16))
+    assert jnp.allclose(flash(u), plain(u), atol=1e-5)
+
+
+def test_flash_block_is_checked():
+    with pytest.raises(ValueError, match="flash_block"):
+        CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, flash_block=0)
+    with pytest.raises(TypeError, match="block"):
+        flash_attention(jnp.ones((1, 4, 1, 2)), jnp.ones((1, 4, 1, 2)), jnp.ones((1, 4, 1, 2)), 2.5)

@@ -97,10 +97,12 @@ def test_discrete_DPLR_unrolls_to_kernel():
         assert np.allclose(Ab, Ab2, atol=1e-10) and np.allclose(Bb, Bb2, atol=1e-10)
 
 
-def test_conjugate_pairs_give_the_full_kernel():
-    """N/2 stored modes with conj=True == all N modes, float64."""
+@pytest.mark.parametrize("L", [128, 127, 2, 1])
+def test_conjugate_pairs_give_the_full_kernel(L):
+    """N/2 stored modes with conj=True (evaluated at the L // 2 + 1 roots
+    irfft reads) == all N modes at all L roots, float64, odd and even L."""
     with enable_x64():
-        N, L = 16, 128
+        N = 16
         Lambda, P, B, _ = make_DPLR_HiPPO(N, conj=True)
         rng = np.random.RandomState(5)
         C = rng.randn(N // 2) + 1j * rng.randn(N // 2)
