@@ -106,3 +106,69 @@ def test_colab_install_cell_pins_the_tested_versions():
     source = notebooks.install_cell(notebooks.repository_url()).source
     for name in notebooks.COLAB_PINS + ("jax",):
         assert f"{name}=={versions[name]}" in source, name
+
+
+# The browser check (tools/check_browser.py) on hand-made pages: one good page,
+# and one page per defect, each of which must be found.
+_NAV = """
+<style>
+  .bd-sidebar-primary { width: 250px; }
+  @media (max-width: 991px) { .bd-sidebar-primary { display: none; position: fixed; top: 0; left: 0;
+                                                   height: 100%; background: white; }
+                              .bd-sidebar-primary.open { display: block; } }
+  @media (min-width: 992px) { .bd-sidebar-primary.closed { display: none; } }
+</style>
+<div class="bd-sidebar-primary">Contents</div>
+<button class="primary-toggle" style="width:40px;height:40px"
+  onclick="const s = document.querySelector('.bd-sidebar-primary');
+           s.classList.toggle(innerWidth < 992 ? 'open' : 'closed')">=</button>
+"""
+_DEAD_NAV = _NAV.replace("onclick=", "data-onclick=")
+_PAGES = {
+    "good": ("<p>Text with a formula, shown by MathJax.</p><table><tr><td>1</td></tr></table>"
+             '<div class="highlight"><pre>def f(x):\n    return x</pre></div>'
+             '<div class="cell_output"><div class="output stream"><pre>a\nb</pre></div></div>'),
+    "MathJax error": '<p><mjx-container><mjx-merror data-mjx-error="Undefined control sequence \\foo">'
+                     "\\foo</mjx-merror></mjx-container></p>",
+    "raw TeX in text": "<p>where \\lVert x \\rVert is the norm</p>",
+    "display equation clipped": ('<div class="math" style="overflow: hidden; width: 300px">'
+                                 '<mjx-container display="true" style="display: block">'
+                                 '<span style="display: inline-block; width: 1200px">x</span>'
+                                 "</mjx-container></div>"),
+    "image not loaded": '<img src="missing.png">',
+    "listing wraps its lines": ('<div class="highlight"><pre style="white-space: pre-wrap">'
+                                "def f(x):\n    return x</pre></div>"),
+    "printed output split into boxes": ('<div class="cell_output"><div class="output stream">'
+                                        '<pre>line 1</pre></div><div class="output stream">'
+                                        "<pre>line 2</pre></div></div>"),
+    "table printed as text": ('<div class="cell_output"><div class="output stream"><pre>'
+                              "model | params | error\n------+--------+------\n"
+                              "S4    | 10     | 0.1\n</pre></div></div>"),
+    "script error": "<script>const x = 1;</script><script>const x = 2;</script>",
+    "navigation": "",
+    "figure text too small": '<img src="wide.png" style="width: 600px">',
+}
+
+
+@pytest.mark.skipif(not any(map(__import__("shutil").which, ("chromium", "chromium-browser"))),
+                    reason="needs Chromium (make book installs it)")
+def test_check_browser_finds_each_defect(tmp_path):
+    import asyncio
+
+    import check_browser
+
+    from PIL import Image
+
+    Image.new("RGB", (2000, 100), "white").save(tmp_path / "wide.png", dpi=(100, 100))
+    for name, body in _PAGES.items():
+        nav = _DEAD_NAV if name == "navigation" else _NAV
+        page = f"<html><body>{nav}<article>{body}</article></body></html>"
+        (tmp_path / (name.replace(" ", "_") + ".html")).write_text(page)
+    problems = asyncio.run(check_browser.check(tmp_path, widths=(1280, 390), log=lambda *a: None))
+    for name in _PAGES:
+        page = name.replace(" ", "_") + ".html"
+        found = problems.get((page, 390), []) + problems.get((page, 1280), [])
+        if name == "good":
+            assert found == []
+        else:
+            assert found and all(d.startswith(name) for d in found), (name, found)
