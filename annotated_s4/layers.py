@@ -112,7 +112,8 @@ S4D_INITS = {"lin": s4d_lin_init, "inv": s4d_inv_init}
 def random_DPLR_like(key, Lambda, P, B):
     """A random DPLR state matrix on the scale of a given one (the HiPPO
     ablation): Re Lambda as given, Im Lambda uniform in [0, max Im Lambda]
-    (the same range of frequencies), P and B complex Gaussian rescaled to the
+    (the same range; for HiPPO, Lambda holds the eigenvalues of the normal
+    part S = A + P P^T, not of A), P and B complex Gaussian rescaled to the
     given norms. What it loses is HiPPO's particular spectrum and low-rank
     term, the structure that makes the state a projection of the past."""
     k1, k2, k3 = jax.random.split(key, 3)
