@@ -5,6 +5,8 @@ in `models` (CNN mode ``layer(u)``, RNN mode ``init_cache`` then ``step``).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -135,6 +137,34 @@ def _per_channel_readout(rngs, H, N, dt_min, dt_max):
     return nnx.Param(C), nnx.Param(jnp.ones((H,))), nnx.Param(log_step)
 
 
+# Compiled as one program each: called eagerly (a reader's first call), the
+# kernels and the convolution would otherwise compile operation by operation.
+@functools.partial(jax.jit, static_argnames=("L", "shared"))
+def _dplr_kernels(Lambda, P, B, C, step, *, L, shared):
+    """`kernel_DPLR` of every channel, (H, L): Lambda, P, B shared or (H, N/2)."""
+    own = None if shared else 0
+    kernel = lambda Lambda, P, B, C, s: kernel_DPLR(Lambda, P, P, B, C, s, L, conj=True)  # noqa: E731
+    return jax.vmap(kernel, in_axes=(own, own, own, 0, 0))(Lambda, P, B, C, step)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+@functools.partial(jax.checkpoint, static_argnums=(4,))
+def _diagonal_kernels(Lambda, B, C, step, L):
+    """The kernels 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l) of H diagonal SSMs, (H, L).
+
+    Rematerialised (jax.checkpoint): the backward pass recomputes the blockwise
+    powers of `vandermonde` instead of storing them, 2 N sqrt(L) numbers per
+    channel, more than the channel's signal once N > sqrt(L) / 2."""
+    _, B_bar = discretize_diagonal(Lambda, B, step[:, None])
+    return vandermonde(2 * C * B_bar, step[:, None] * Lambda, L)
+
+
+@jax.jit
+def _conv_skip(u, K, D):
+    """y = K * u + D u along the time axis of u (batch, L, H), K (H, L)."""
+    return causal_convolution(u, K, axis=1) + D * u
+
+
 class S4Layer(nnx.Module):
     """H channels of an S4 SSM with a DPLR state matrix, HiPPO-initialised.
 
@@ -198,9 +228,7 @@ class S4Layer(nnx.Module):
         L = self.L if L is None else L
         if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L <= self.L:
             raise ValueError(f"L must be an int in [1, self.L = {self.L}], got {L!r}")
-        K = self._per_channel(
-            lambda Lambda, P, B, C, s: kernel_DPLR(Lambda, P, P, B, C, s, self.L, conj=True))
-        return K[:, :L]
+        return _dplr_kernels(*self.ssm_params(), L=self.L, shared=self.shared)[:, :L]
 
     def _per_channel(self, fn):
         """fn(Lambda, P, B, C~, step) for each channel, stacked: Lambda, P, B
@@ -210,8 +238,7 @@ class S4Layer(nnx.Module):
 
     def __call__(self, u):
         checks.max_length(checks.sequence(u, self.H), self.L)
-        K = self.kernel(u.shape[1])
-        return causal_convolution(u, K, axis=1) + self.D[...] * u
+        return _conv_skip(u, self.kernel(u.shape[1]), self.D[...])
 
     def init_cache(self, batch_size):
         Bb, Cb = self._per_channel(
@@ -268,14 +295,11 @@ class S4DLayer(nnx.Module):
 
     def kernel(self, L=None):
         """The per-channel kernel 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l), (H, L)."""
-        Lambda, B, C, step = self.ssm_params()
-        _, B_bar = discretize_diagonal(Lambda, B, step[:, None])
-        return vandermonde(2 * C * B_bar, step[:, None] * Lambda, L or self.L)
+        return _diagonal_kernels(*self.ssm_params(), L or self.L)
 
     def __call__(self, u):
         checks.max_length(checks.sequence(u, self.H), self.L)
-        K = self.kernel(u.shape[1])
-        return causal_convolution(u, K, axis=1) + self.D[...] * u
+        return _conv_skip(u, self.kernel(u.shape[1]), self.D[...])
 
     def init_cache(self, batch_size):
         Lambda_bar, B_bar, C = self.discrete()
