@@ -81,8 +81,19 @@ PAGE_CHECK = r"""
     if (!scroller && right > limit + 1)
       add('display equation clipped', `${Math.round(right - limit)} px: ` + (c.textContent || '').slice(0, 60));
   }
-  if (document.documentElement.scrollWidth > viewport + 1)
-    add('page wider than the window', `${document.documentElement.scrollWidth} px > ${viewport} px`);
+  if (document.documentElement.scrollWidth > viewport + 1) {
+    let culprit = '';
+    const over = el => { const r = el.getBoundingClientRect();
+                         return r.width > 0 && r.left < viewport && r.right > viewport + 1; };
+    for (const el of article.querySelectorAll('*')) {
+      if (over(el) && !el.closest('pre, div.math, .pst-scrollable-table-container, .table-wrapper')
+          && !Array.from(el.children).some(over)) {
+        culprit = `${el.tagName.toLowerCase()}.${el.className}: ${(el.textContent || '').trim().slice(0, 40)}`;
+        break;
+      }
+    }
+    add('page wider than the window', `${document.documentElement.scrollWidth} px > ${viewport} px (${culprit})`);
+  }
   for (const img of document.querySelectorAll('img'))
     if (!img.complete || img.naturalWidth === 0) add('image not loaded', img.getAttribute('src'));
   for (const pre of article.querySelectorAll('div.highlight pre, div.cell_output pre, div.output pre')) {
@@ -311,7 +322,8 @@ async def check(site, mathjax=None, widths=(1280, 390), executable=None, log=pri
     site = Path(site)
     pages = sorted(p for p in site.rglob("*.html")
                    if not p.relative_to(site).parts[0].startswith(("_", "."))
-                   and p.name not in ("search.html", "genindex.html"))
+                   and p.name not in ("search.html", "genindex.html")
+                   and 'http-equiv="refresh"' not in p.read_text(errors="replace")[:2000].lower())
     browser = Browser(executable or find_chromium(), mathjax)
     problems = {}
     try:
