@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 
 export PYTHONHASHSEED := 0
 
-.PHONY: install notebooks test unit book lab bench bench-quick reference clean
+.PHONY: install notebooks test unit book browser-tools lab bench bench-quick reference clean
 
 # The virtual environment and the pinned dependencies; redone only when the
 # requirements or the package metadata change.
@@ -32,7 +32,7 @@ notebooks: $(STAMP)
 # needs it, so that several can share one GPU.
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(STAMP) browser-tools
 	$(PY) tools/notebooks.py --check
 	XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 \
@@ -42,14 +42,30 @@ unit: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -q tests
 
 # Build the site, then check it: no tracebacks, every image present, every link
-# resolving, no Markdown table left as raw text. Chapters are executed through
+# resolving, no Markdown table left as raw text (check_site.py); then in headless
+# Chromium at 1280 and 390 px (check_browser.py): formulas typeset whole, nothing
+# clipped, listings scrolling, the navigation opening. Chapters are executed through
 # jupyter-cache (_build/.jupyter_cache): after an edit, only the chapters whose
 # code changed run again. The cache is dropped when the package, the reference
 # runs or the pins are newer than the last complete build, so that every chapter then
 # re-executes; a fresh clone has no cache. Any cell error or Sphinx warning fails.
 CACHE_STAMP := _build/.book-built
 
-book: $(STAMP)
+# The browser check's tools: Chromium from the system's packages, and MathJax 3
+# from npm (unpacked under _build, so the pages render offline during the check).
+MATHJAX := _build/mathjax/es5/tex-chtml.js
+
+browser-tools: $(MATHJAX)
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+		{ apt-get update -q && apt-get install -y -q chromium; }
+
+$(MATHJAX):
+	mkdir -p _build/mathjax
+	cd _build && npm pack -q mathjax@3.2.2 && tar xzf mathjax-3.2.2.tgz -C mathjax \
+		--strip-components=1 && rm mathjax-3.2.2.tgz
+	test -f $(MATHJAX)
+
+book: $(STAMP) browser-tools
 	rm -rf _build/html
 	@if [ ! -e $(CACHE_STAMP) ] || [ -n "$$(find annotated_s4 reference_runs requirements.txt \
 		-newer $(CACHE_STAMP) -print -quit)" ]; then \
@@ -57,6 +73,7 @@ book: $(STAMP)
 		rm -rf _build/.jupyter_cache; fi
 	$(VENV)/bin/jupyter-book build . --builder html -W --keep-going
 	$(PY) tools/check_site.py _build/html
+	$(PY) tools/check_browser.py _build/html --mathjax _build/mathjax
 	touch $(CACHE_STAMP)
 
 # Re-create the trained reference runs under reference_runs/ (all, or RUN=name);
