@@ -240,6 +240,9 @@ def hidden_names(path):
     for m in CELL.finditer(text):
         tags, source = m.group(1) or "", m.group(2)
         lineno = text.count("\n", 0, m.start()) + 1
+        if source.startswith("---\n"):            # a YAML metadata block (captions, tags)
+            meta, _, source = source[4:].partition("\n---\n")
+            tags += " ".join(re.findall(r"^tags: \[([^\]]*)\]", meta, re.M))
         source = "\n".join(line for line in source.splitlines()   # IPython magics
                            if not line.lstrip().startswith(("%", "!")))
         if "remove-cell" in tags or "remove-input" in tags:
@@ -288,8 +291,11 @@ def test_hidden_names_rule(tmp_path):
         "# T\n\n```{code-cell} ipython3\n:tags: [remove-cell]\n\nimport numpy as np\n"
         "SCALE = 2\nglue('x', 1)\n```\n\n"
         "```{code-cell} ipython3\n:tags: [hide-input]\n\nimport jax\n```\n\n"
-        "```{code-cell} ipython3\nSCALE = 3\nprint(jax, np.pi, SCALE)\n```\n")
-    assert [name for _, name, _ in hidden_names(page)] == ["np"]
+        "```{code-cell} ipython3\nSCALE = 3\nprint(jax, np.pi, SCALE)\n```\n\n"
+        "```{code-cell} ipython3\n---\nmystnb:\n  figure:\n    caption: \"A figure: its\n"
+        "      caption.\"\ntags: [remove-input]\n---\nhidden = np.ones(3)\n```\n\n"
+        "```{code-cell} ipython3\nprint(hidden)\n```\n")
+    assert [name for _, name, _ in hidden_names(page)] == ["np", "hidden"]
 
 
 def test_the_rule_itself(tmp_path):
