@@ -1,13 +1,15 @@
 """H3 vs causal softmax attention: layer time, peak memory, generation throughput.
 
 1. Forward and forward+backward time of one layer (d_model 256, batch 1; H3
-   with head_dim 1 and a 64-mode diagonal SSM, attention with 2 heads) at
+   with head_dim 1 and a 64-mode diagonal SSM; attention with 2 heads, as the
+   memory-efficient `flash_attention` in blocks of FLASH_BLOCK positions (the
+   baseline) and as the plain form that stores the L x L scores) at
    L = 2048, 4096, 8192, 16384 (``--quick``: 512, 1024, 2048), and the peak
    memory of the compiled programs (XLA's own accounting of arguments,
    outputs and temporaries), by `annotated_s4.timing.layer_scaling`, the
    function chapter 7's figure calls. Prints the crossover lengths (the first
-   L from which H3 stays faster, or smaller, at every longer L measured) and
-   the attention/H3 ratios at every L.
+   L from which H3 stays faster, or smaller, at every longer L measured)
+   against each attention, and the attention/H3 ratios at every L.
 2. Generation throughput (tokens/s after the prompt) of a 2-layer model in RNN
    mode, H3's fixed-size state against attention's key-value cache, after
    prompts of 512 and 4096 tokens (batch 8, d_model 256, 128 new tokens;
@@ -38,18 +40,22 @@ from annotated_s4.timing import crossover, generation_throughput, layer_scaling
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 D_MODEL, HEAD_DIM, STATE_SIZE, N_HEADS, VOCAB = 256, 1, 64, 2, 64
+FLASH_BLOCK = 512
+ATTENTIONS = ("flash attention", "attention")    # the baseline first
 
 
 def h3_layer(H, rngs):
     return H3Layer(H, rngs=rngs, head_dim=HEAD_DIM, state_size=STATE_SIZE)
 
 
-def attention_layer(H, rngs, max_len):
-    return CausalSelfAttention(H, rngs=rngs, n_heads=N_HEADS, max_len=max_len)
+def attention_layer(H, rngs, max_len, flash_block=None):
+    return CausalSelfAttention(H, rngs=rngs, n_heads=N_HEADS, max_len=max_len,
+                               flash_block=flash_block)
 
 
 def layer_sweep(lengths, repeats):
     layers = {"H3": h3_layer(D_MODEL, nnx.Rngs(0)),
+              "flash attention": attention_layer(D_MODEL, nnx.Rngs(0), max(lengths), FLASH_BLOCK),
               "attention": attention_layer(D_MODEL, nnx.Rngs(0), max(lengths))}
     return layer_scaling(layers, lengths, D_MODEL, repeats=repeats,
                          log=lambda line: print(line, flush=True))
@@ -71,19 +77,20 @@ def summarize(rows, gen, lengths, prompts):
     table = {}
     for r in rows:
         table.setdefault(r["L"], {})[r["layer"]] = r
+    keys = ("forward_s", "forward_backward_s", "forward_peak_bytes", "forward_backward_peak_bytes")
     ratios = {
-        str(L): {key: t["attention"][key] / t["H3"][key]
-                 for key in ("forward_s", "forward_backward_s", "forward_peak_bytes",
-                             "forward_backward_peak_bytes")
-                 if t["H3"].get(key) and t["attention"].get(key)}
-        for L, t in sorted(table.items())}
+        name: {str(L): {key: t[name][key] / t["H3"][key] for key in keys
+                        if t["H3"].get(key) and t[name].get(key)}
+               for L, t in sorted(table.items())}
+        for name in ATTENTIONS}
     tps = {str(P): {r["layer"]: r["tokens_per_s"] for r in gen if r["prompt"] == P}
            for P in prompts}
     first, last = str(min(prompts)), str(max(prompts))
     return {
-        "crossover_forward_L": crossover(rows, "forward_s"),
-        "crossover_forward_backward_L": crossover(rows, "forward_backward_s"),
-        "crossover_forward_backward_memory_L": crossover(rows, "forward_backward_peak_bytes"),
+        "crossover_L": {
+            name: {key: crossover(rows, key, slow=name)
+                   for key in ("forward_s", "forward_backward_s", "forward_backward_peak_bytes")}
+            for name in ATTENTIONS},
         "attention_over_H3": ratios,
         "L_max": max(lengths),
         "generation_tokens_per_s": tps,
@@ -107,15 +114,18 @@ def main(argv=None):
     gen = generation(prompts, n_new, batch, rounds)
     summary = summarize(rows, gen, lengths, prompts)
 
-    print("\n     L   H3 fwd (ms)  attn fwd (ms)  attn/H3   H3 f+b (ms)  attn f+b (ms)  attn/H3"
-          "  H3 peak (MiB)  attn peak (MiB)")
-    for L in lengths:
-        h, a = (next(r for r in rows if r["L"] == L and r["layer"] == n) for n in ("H3", "attention"))
-        peak = lambda r: (r.get("forward_backward_peak_bytes") or 0) / 2**20  # noqa: E731
-        print(f"{L:6d} {h['forward_s'] * 1e3:12.1f} {a['forward_s'] * 1e3:14.1f} "
-              f"{a['forward_s'] / h['forward_s']:8.2f} {h['forward_backward_s'] * 1e3:13.1f} "
-              f"{a['forward_backward_s'] * 1e3:14.1f} "
-              f"{a['forward_backward_s'] / h['forward_backward_s']:8.2f} {peak(h):14.1f} {peak(a):16.1f}")
+    peak = lambda r: (r.get("forward_backward_peak_bytes") or 0) / 2**20  # noqa: E731
+    for name in ATTENTIONS:
+        print(f"\n{name} against H3")
+        print("     L   H3 fwd (ms)  attn fwd (ms)  attn/H3   H3 f+b (ms)  attn f+b (ms)  attn/H3"
+              "  H3 peak (MiB)  attn peak (MiB)")
+        for L in lengths:
+            h, a = (next(r for r in rows if r["L"] == L and r["layer"] == n) for n in ("H3", name))
+            print(f"{L:6d} {h['forward_s'] * 1e3:12.1f} {a['forward_s'] * 1e3:14.1f} "
+                  f"{a['forward_s'] / h['forward_s']:8.2f} {h['forward_backward_s'] * 1e3:13.1f} "
+                  f"{a['forward_backward_s'] * 1e3:14.1f} "
+                  f"{a['forward_backward_s'] / h['forward_backward_s']:8.2f} "
+                  f"{peak(h):14.1f} {peak(a):16.1f}")
     print("\nprompt   H3 tokens/s   attention tokens/s   H3/attention")
     for P, t in summary["generation_tokens_per_s"].items():
         print(f"{P:>6} {t['H3']:13.0f} {t['attention']:20.0f} {t['H3'] / t['attention']:14.2f}")
@@ -125,7 +135,7 @@ def main(argv=None):
     out = {"command": "python benchmarks/bench_h3.py" + (" --quick" if args.quick else ""),
            "backend": jax.default_backend(), "quick": args.quick,
            "config": {"d_model": D_MODEL, "head_dim": HEAD_DIM, "state_size": STATE_SIZE,
-                      "attention_heads": N_HEADS, "layer_batch": 1, "generation_batch": batch,
+                      "attention_heads": N_HEADS, "flash_block": FLASH_BLOCK, "layer_batch": 1, "generation_batch": batch,
                       "new_tokens": n_new, "repeats": repeats, "generation_rounds": rounds},
            "layers": rows, "generation": gen, "summary": summary}
     stem = "h3_quick" if args.quick else "h3"      # a quick run never replaces the full results
@@ -139,7 +149,7 @@ def main(argv=None):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, key, title in ((axes[0], "forward_s", "forward"),
                            (axes[1], "forward_backward_s", "forward + backward")):
-        for name in ("H3", "attention"):
+        for name in ("H3",) + ATTENTIONS:
             ax.loglog([r["L"] for r in rows if r["layer"] == name],
                       [r[key] for r in rows if r["layer"] == name], "o-", base=2, label=name)
         ax.set(xlabel="sequence length L", ylabel="seconds", title=f"{title}, d_model {D_MODEL}")
