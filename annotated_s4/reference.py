@@ -27,9 +27,9 @@ import time
 
 from .checkpoint import RUN_FILES
 
-__all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "MANIFEST", "RAW_URL", "run_dir", "command",
-           "available", "manifest", "write_manifest", "locate", "train", "check", "replay",
-           "main"]
+__all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS", "MANIFEST", "RAW_URL",
+           "run_dir", "command", "available", "manifest", "write_manifest", "locate", "train",
+           "check", "replay", "main"]
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "reference_runs")
@@ -93,6 +93,15 @@ _SYNTHETIC_LAYERS = {"s4d": ["--layer", "s4d", "--state-size", "64"],
 RUNS.update({f"{task}-{layer}": ["--dataset", task] + _SYNTHETIC + options
              for task in ("induction-head", "associative-recall")
              for layer, options in _SYNTHETIC_LAYERS.items()})
+# Two more seeds of each (the runs above are seed 0): seed k draws the model
+# and the batch order with k, and fresh training and test sequences with
+# --seed-data 2k (the test set is drawn with seed-data + 1, so no run's test
+# sequences come from the generator of another run's training set).
+SYNTHETIC_SEEDS = (0, 1, 2)
+RUNS.update({f"{task}-{layer}-seed{seed}": RUNS[f"{task}-{layer}"]
+             + ["--seed", str(seed), "--seed-data", str(2 * seed)]
+             for task in ("induction-head", "associative-recall")
+             for layer in _SYNTHETIC_LAYERS for seed in SYNTHETIC_SEEDS[1:]})
 
 # Chapter 6's memory experiment: name the first token after L - 1 noise tokens
 # (delayed-recall), at four lengths, for S4 (its channels sharing one state
