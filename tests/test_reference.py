@@ -84,3 +84,14 @@ def test_locate_downloads_a_missing_run_and_checks_it(tmp_path, monkeypatch):
 def test_unknown_run_names_are_refused():
     with pytest.raises(ValueError, match="no reference run named"):
         reference.check(["no-such-run"])
+
+
+def test_the_synthetic_seeds_differ_from_seed_0_in_the_seeds_only():
+    """Chapter 7's table reports a spread over seeds: each seed's run is its
+    seed-0 run with --seed k and --seed-data 2k, nothing else changed."""
+    for task in ("induction-head", "associative-recall"):
+        for layer in ("s4d", "h3", "attention"):
+            base = reference.RUNS[f"{task}-{layer}"]
+            for seed in reference.SYNTHETIC_SEEDS[1:]:
+                assert reference.RUNS[f"{task}-{layer}-seed{seed}"] == base + [
+                    "--seed", str(seed), "--seed-data", str(2 * seed)]
