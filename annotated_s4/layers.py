@@ -148,13 +148,8 @@ def _dplr_kernels(Lambda, P, B, C, step, *, L, shared):
 
 
 @functools.partial(jax.jit, static_argnums=4)
-@functools.partial(jax.checkpoint, static_argnums=(4,))
 def _diagonal_kernels(Lambda, B, C, step, L):
-    """The kernels 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l) of H diagonal SSMs, (H, L).
-
-    Rematerialised (jax.checkpoint): the backward pass recomputes the blockwise
-    powers of `vandermonde` instead of storing them, 2 N sqrt(L) numbers per
-    channel, more than the channel's signal once N > sqrt(L) / 2."""
+    """The kernels 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l) of H diagonal SSMs, (H, L)."""
     _, B_bar = discretize_diagonal(Lambda, B, step[:, None])
     return vandermonde(2 * C * B_bar, step[:, None] * Lambda, L)
 
