@@ -70,7 +70,7 @@ book: $(STAMP) browser-tools
 	@if [ ! -e $(CACHE_STAMP) ] || [ -n "$$(find annotated_s4 reference_runs requirements.txt \
 		-newer $(CACHE_STAMP) -print -quit)" ]; then \
 		echo "no complete build since the package last changed: executing every chapter"; \
-		rm -rf _build/.jupyter_cache; fi
+		rm -rf _build/.jupyter_cache _build/.doctrees; fi
 	$(VENV)/bin/jupyter-book build . --builder html -W --keep-going
 	$(PY) tools/check_site.py _build/html
 	$(PY) tools/check_browser.py _build/html --mathjax _build/mathjax
