@@ -22,6 +22,8 @@ import shutil
 
 import numpy as np
 
+from . import _checks as checks
+
 __all__ = [
     "DIGIT_LEVELS",
     "digit_pixels",
@@ -161,8 +163,7 @@ def load_mnist_small(seed=0, quantize=False):
     or with ``quantize=True`` (n, 784) int32 grey levels 0..255 (for
     next-pixel generation).
     """
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    seed = checks.positive_int(seed, "seed", minimum=0)
     images, labels = mnist_small_arrays()
     order = np.random.default_rng(seed).permutation(len(images))
     train, test = order[:-MNIST_SMALL_TEST], order[-MNIST_SMALL_TEST:]

@@ -137,14 +137,20 @@ def _per_channel_readout(rngs, H, N, dt_min, dt_max):
     return nnx.Param(C), nnx.Param(jnp.ones((H,))), nnx.Param(log_step)
 
 
+def _per_channel(fn, shared, Lambda, P, B, C, step):
+    """fn(Lambda, P, B, C~, step) for each channel, stacked: Lambda, P, B are
+    the copy all channels share, or (shared=False) each channel's own."""
+    own = None if shared else 0
+    return jax.vmap(fn, in_axes=(own, own, own, 0, 0))(Lambda, P, B, C, step)
+
+
 # Compiled as one program each: called eagerly (a reader's first call), the
 # kernels and the convolution would otherwise compile operation by operation.
 @functools.partial(jax.jit, static_argnames=("L", "shared"))
 def _dplr_kernels(Lambda, P, B, C, step, *, L, shared):
     """`kernel_DPLR` of every channel, (H, L): Lambda, P, B shared or (H, N/2)."""
-    own = None if shared else 0
     kernel = lambda Lambda, P, B, C, s: kernel_DPLR(Lambda, P, P, B, C, s, L, conj=True)  # noqa: E731
-    return jax.vmap(kernel, in_axes=(own, own, own, 0, 0))(Lambda, P, B, C, step)
+    return _per_channel(kernel, shared, Lambda, P, B, C, step)
 
 
 @functools.partial(jax.jit, static_argnums=4)
@@ -225,19 +231,14 @@ class S4Layer(nnx.Module):
             raise ValueError(f"L must be an int in [1, self.L = {self.L}], got {L!r}")
         return _dplr_kernels(*self.ssm_params(), L=self.L, shared=self.shared)[:, :L]
 
-    def _per_channel(self, fn):
-        """fn(Lambda, P, B, C~, step) for each channel, stacked: Lambda, P, B
-        are the shared copy or the channel's own."""
-        own = None if self.shared else 0
-        return jax.vmap(fn, in_axes=(own, own, own, 0, 0))(*self.ssm_params())
-
     def __call__(self, u):
         checks.max_length(checks.sequence(u, self.H), self.L)
         return _conv_skip(u, self.kernel(u.shape[1]), self.D[...])
 
     def init_cache(self, batch_size):
-        Bb, Cb = self._per_channel(
-            lambda Lambda, P, B, C, s: dplr_rnn(Lambda, P, P, B, C, s, self.L, conj=True))
+        Bb, Cb = _per_channel(
+            lambda Lambda, P, B, C, s: dplr_rnn(Lambda, P, P, B, C, s, self.L, conj=True),
+            self.shared, *self.ssm_params())
         self.Bb, self.Cb = nnx.Cache(Bb), nnx.Cache(Cb)  # (H, N/2) each
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), Bb.dtype))
 
