@@ -240,8 +240,15 @@ def _hybrid_layer(args, L):
     return [_h3_layer(args, L), _attention_layer(args, L)]
 
 
+def _gru_layer(args, L):
+    from .gru import GRULayer
+
+    return functools.partial(GRULayer, L=L)
+
+
 LAYERS = {
     "ssm": _ssm_layer,
+    "gru": _gru_layer,
     "s4": _s4_layer,
     "s4d": _s4d_layer,
     "h3": _h3_layer,
@@ -280,7 +287,7 @@ def _model_options(p):
                         "mnist: 784-step sequential MNIST (needs a download)")
     p.add_argument("--layer", choices=sorted(LAYERS), default="s4",
                    help="the sequence layer; hybrid: H3 and attention alternating; tnn, "
-                        "sgconv: the long convolutions of chapter 8")
+                        "sgconv: the long convolutions of chapter 8; gru: a gated RNN")
     p.add_argument("--n-layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--state-size", type=int, default=16, help="N, the SSM state size")
@@ -288,8 +295,10 @@ def _model_options(p):
                    help="smallest initial SSM step size (log-uniform in [dt-min, dt-max])")
     p.add_argument("--dt-max", type=float, default=0.1, help="largest initial SSM step size")
     p.add_argument("--init", default=None,
-                   help="the state matrix's initialisation: for s4, hippo (default) or "
-                        "random (the HiPPO ablation); for s4d, lin (default) or inv")
+                   help="the state matrix's initialisation: for s4, hippo (default), "
+                        "random (HiPPO's scale, random frequencies) or gaussian (a random "
+                        "Gaussian matrix in NPLR form, the S4 paper's ablation); for s4d, "
+                        "lin (default) or inv")
     p.add_argument("--independent", action="store_true",
                    help="s4 only: every channel its own Lambda, P, B (the S4 paper's "
                         "layer) instead of one copy shared by the channels")

@@ -24,6 +24,7 @@ __all__ = [
     "S4_INITS",
     "S4D_INITS",
     "random_DPLR_like",
+    "random_NPLR",
     "S4DLayer",
 ]
 
@@ -107,7 +108,7 @@ def _as_pair(z, dtype=None):
     return jnp.stack([z.real, z.imag], axis=-1).astype(dtype or _float_dtype())
 
 
-S4_INITS = ("hippo", "random")
+S4_INITS = ("hippo", "random", "gaussian")
 S4D_INITS = {"lin": s4d_lin_init, "inv": s4d_inv_init}
 
 
@@ -127,6 +128,21 @@ def random_DPLR_like(key, Lambda, P, B):
         return g * jnp.linalg.norm(z) / jnp.linalg.norm(g)
 
     return Lambda.real + 1j * w, like(k2, P), like(k3, B)
+
+
+def random_NPLR(key, N):
+    """A random Gaussian state matrix in NPLR form, A = diag(Lambda) - P P^*
+    (the S4 paper's random ablation): N/2 modes Lambda = -|x| + i|y| with x, y
+    ~ N(0, N/4), so E|Lambda|^2 = N/2, the mean square eigenvalue of an N x N
+    matrix of unit Gaussians (the circular law spreads those uniformly over
+    the disc of radius sqrt(N)); the real part is reflected to the stable side
+    and the imaginary part to the upper half (the modes stored, `conj=True`).
+    P and B are complex Gaussian with E|P_n|^2 = E|B_n|^2 = 1.
+    Returns (Lambda, P, B), each complex of shape (N/2,)."""
+    k1, k2, k3 = jax.random.split(key, 3)
+    x, y = jax.random.normal(k1, (2, N // 2)) * (N / 4) ** 0.5
+    z = lambda k: jax.random.normal(k, (N // 2, 2)) @ jnp.array([1.0, 1j]) / 2**0.5  # noqa: E731
+    return -jnp.abs(x) + 1j * jnp.abs(y), z(k2), z(k3)
 
 
 def _per_channel_readout(rngs, H, N, dt_min, dt_max):
@@ -176,7 +192,7 @@ class S4Layer(nnx.Module):
     (`kernel_DPLR(..., conj=True)`); N must be even.
 
     Parameters: Lambda, P, B of the DPLR HiPPO (init="hippo"; init="random"
-    draws them with `random_DPLR_like`), by default ONE copy shared by the H
+    draws them with `random_DPLR_like`, init="gaussian" with `random_NPLR`), by default ONE copy shared by the H
     channels (this book's choice; sharing stores N/2 instead of H x N/2 of
     each); shared=False gives every channel its own copy, all starting equal,
     as the S4 paper and the Annotated S4 do. One C~ (the kernel's
@@ -202,6 +218,8 @@ class S4Layer(nnx.Module):
         Lambda, P, B, _ = make_DPLR_HiPPO(N, conj=True)  # N/2 modes
         if init == "random":
             Lambda, P, B = random_DPLR_like(rngs.params(), Lambda, P, B)
+        elif init == "gaussian":
+            Lambda, P, B = random_NPLR(rngs.params(), N)
         if not shared:  # one copy per channel: (H, N/2) each
             Lambda, P, B = (jnp.broadcast_to(z, (H, N // 2)) for z in (Lambda, P, B))
         dtype = _float_dtype()

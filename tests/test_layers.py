@@ -71,6 +71,7 @@ H, N, L, BATCH = 3, 8, 32, 2
 LAYERS = [
     ("s4", functools.partial(S4Layer, N=N, L=L)),
     ("s4-independent", functools.partial(S4Layer, N=N, L=L, shared=False)),
+    ("s4-gaussian", functools.partial(S4Layer, N=N, L=L, init="gaussian")),
     ("s4d-lin", functools.partial(S4DLayer, N=N, L=L, init="lin")),
     ("s4d-inv", functools.partial(S4DLayer, N=N, L=L, init="inv")),
 ]
@@ -269,6 +270,25 @@ def test_generation_model_rnn_matches_cnn():
     x = jax.random.randint(jax.random.PRNGKey(4), (2, 16), 0, 5)
     logp = model(x)
     assert np.allclose(rnn_log_probs(model, x), logp, atol=1e-4)
+
+
+def test_random_NPLR_is_a_stable_gaussian_spectrum():
+    from annotated_s4.layers import random_NPLR
+
+    Lambda, P, B = random_NPLR(jax.random.PRNGKey(0), 4096)
+    assert Lambda.shape == P.shape == B.shape == (2048,)
+    assert np.all(Lambda.real < 0) and np.all(Lambda.imag > 0)
+    # E|Lambda|^2 = N / 2, the circular law's mean square for unit Gaussians
+    np.testing.assert_allclose(np.mean(np.abs(Lambda) ** 2), 4096 / 2, rtol=0.05)
+    np.testing.assert_allclose(np.mean(np.abs(P) ** 2), 1.0, rtol=0.1)  # 4 sigma
+    np.testing.assert_allclose(np.mean(np.abs(B) ** 2), 1.0, rtol=0.1)
+    # A = diag(Lambda) - P P^* (with the conjugate half) is stable
+    Lambda, P, _ = random_NPLR(jax.random.PRNGKey(1), 16)
+    L2, P2 = np.concatenate([Lambda, Lambda.conj()]), np.concatenate([P, P.conj()])
+    A = np.diag(L2) - np.outer(P2, P2.conj())
+    assert np.linalg.eigvals(A).real.max() < 0
+    layer = S4Layer(2, 16, 8, rngs=nnx.Rngs(3), init="gaussian")
+    assert not np.allclose(layer.ssm_params()[0].imag, make_DPLR_HiPPO(16, conj=True)[0].imag)
 
 
 def test_random_DPLR_keeps_the_scale_of_hippo_but_not_its_structure():
