@@ -84,6 +84,9 @@ _MNIST_LAYERS = {"s4": ["--layer", "s4"], "s4d": ["--layer", "s4d"], "gru": ["--
 RUNS.update({f"mnist-{layer}" + (f"-seed{seed}" if seed else ""):
              _MNIST + options + (["--seed", str(seed)] if seed else [])
              for layer, options in _MNIST_LAYERS.items() for seed in MNIST_SEEDS})
+# The next-pixel generator of the same 4,000 training digits, 256 grey levels
+# as tokens: the same four blocks of width 64 and the same steps.
+RUNS["mnist-gen-s4"] = ["--dataset", "mnist-small-gen", "--layer", "s4"] + _MNIST[2:]
 
 # Chapter 7's character language models: four layers each, about 0.95M
 # parameters (931k to 970k: the widths differ because the layers do), the
