@@ -77,9 +77,9 @@ book: $(STAMP) browser-tools
 	touch $(CACHE_STAMP)
 
 # Re-create the trained reference runs under reference_runs/ (all, or RUN=name);
-# `python -m annotated_s4.reference list` prints the command of each.
+# `python -m annotated_s4 reference list` prints the command of each.
 reference: $(STAMP)
-	$(PY) -m annotated_s4.reference train $(RUN)
+	$(PY) -m annotated_s4 reference train $(RUN)
 
 # Read and run the chapters interactively: JupyterLab from the .venv, with
 # jupytext, so that the MyST chapters (book/*.md) open as notebooks.

@@ -178,8 +178,8 @@ class H3Layer(nnx.Module):
     3. split Q, K_bar, V into n_heads = H / head_dim heads of size d_h
     4. KV_t = SSM_diag(K_bar_t V_t^T)   (d_h x d_h per step, one diagonal SSM
                                         per head, shared by its d_h^2 entries:
-                                        an S4DLayer with state_size complex
-                                        modes per head and B = 1)
+                                        an S4DLayer of state size N =
+                                        state_size per head and B = 1)
     5. O_t = Q_t KV_t                                            per head
     6. concatenate the heads, output projection W_O.
 
@@ -187,12 +187,12 @@ class H3Layer(nnx.Module):
     the shift lets the memory store (previous key, current value) pairs.
     """
 
-    def __init__(self, H, *, rngs: nnx.Rngs, head_dim=8, state_size=32,
+    def __init__(self, H, *, rngs: nnx.Rngs, head_dim=8, state_size=64,
                  shift_size=4, L=None, dt_min=0.001, dt_max=0.1):
         # L is unused (the kernels are built for the input's length); it is
         # accepted because the training CLI passes L to every layer factory.
         H, head_dim = checks.positive_int(H, "H"), checks.positive_int(head_dim, "head_dim")
-        state_size = checks.positive_int(state_size, "state_size")
+        state_size = checks.even_int(state_size, "state_size")  # N, as S4D's
         shift_size = checks.positive_int(shift_size, "shift_size")
         if H % head_dim:
             raise ValueError(f"head_dim must divide H, got H={H}, head_dim={head_dim}")
@@ -203,7 +203,7 @@ class H3Layer(nnx.Module):
         self.W_V = nnx.Linear(H, H, rngs=rngs)
         self.W_O = nnx.Linear(H, H, rngs=rngs)
         self.shift = ShiftSSM(H, shift_size, rngs=rngs)
-        self.diag = S4DLayer(self.n_heads, 2 * state_size, rngs=rngs, learn_B=False,
+        self.diag = S4DLayer(self.n_heads, state_size, rngs=rngs, learn_B=False,
                              dt_min=dt_min, dt_max=dt_max)
         self.cache = nnx.data(None)
 
@@ -234,7 +234,7 @@ class H3Layer(nnx.Module):
         return (
             jnp.zeros((batch_size, N_shift - 1, self.H)),
             jnp.zeros((batch_size, self.n_heads, self.head_dim, self.head_dim,
-                       self.state_size), jnp.result_type(self.diag.Lambda_im[...], 1j)),
+                       self.state_size // 2), jnp.result_type(self.diag.Lambda_im[...], 1j)),
         )
 
     def chunk(self, u, state):

@@ -1,14 +1,19 @@
 """The book's reference runs: trained models committed under reference_runs/.
 
-Each run is one command of the training CLI (`annotated_s4.cli`), listed in
-`RUNS`; its directory holds config.json, history.json, metrics.json and a
-pickle-free checkpoint.npz.
+Each run is one command of the command line (`python -m annotated_s4 train`),
+listed in `RUNS`; its directory holds config.json, history.json, metrics.json
+and a pickle-free checkpoint.npz.
 
-    python -m annotated_s4.reference train [NAME ...]  # = make reference [RUN=NAME]
-    python -m annotated_s4.reference check [NAME ...]  # re-evaluate committed runs
+    python -m annotated_s4 reference train [NAME ...]  # = make reference [RUN=NAME]
+    python -m annotated_s4 reference check [NAME ...]  # re-evaluate committed runs
+    python -m annotated_s4 reference list              # the command of each run
 
 `check` exits with status 1 if a run's metrics are no longer reproduced by
 the code, naming the run and the command that retrains it.
+
+Cross-run metrics score one run with another's model, after training: the
+digit generator's completions are read by the 784-step classifier
+(`COMPLETION_CLASSIFIERS`, `cross_run_metrics`).
 
 The runs live in the repository, not in the installed package. Where the
 package was installed without them (Colab's pip install), `locate(name)`
@@ -25,11 +30,19 @@ import os
 import sys
 import time
 
-from .checkpoint import RUN_FILES
+import jax
+import numpy as np
 
-__all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS", "MNIST_SEEDS", "MANIFEST", "RAW_URL",
-           "run_dir", "command", "available", "manifest", "write_manifest", "locate", "train",
-           "check", "replay", "main"]
+from .checkpoint import RUN_FILES, read_run
+from .registry import build_model, build_optimizer, load_dataset, parse
+from .runner import evaluate_run, load_run, read_config, run
+from .train import evaluate, fit
+
+__all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS", "MNIST_SEEDS", "MANIFEST",
+           "RAW_URL", "TOLERANCE", "COMPLETION_CLASSIFIERS", "run_dir", "command", "available",
+           "manifest", "write_manifest", "locate", "complete_digits", "completion_accuracy",
+           "cross_run_metrics", "reevaluate", "compare", "train", "check", "replay",
+           "add_arguments", "execute", "main"]
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "reference_runs")
@@ -91,27 +104,30 @@ RUNS["mnist-gen-s4"] = ["--dataset", "mnist-small-gen", "--layer", "s4"] + _MNIS
 # Chapter 7's character language models: four layers each, about 0.95M
 # parameters (931k to 970k: the widths differ because the layers do), the
 # same 32 x 128 x 1200 training characters.
-_CHARLM = ["--dataset", "charlm", "--n-layers", "4", "--state-size", "64", "--head-dim", "1",
-           "--n-heads", "4", "--batch-size", "32", "--steps", "1200", "--dropout", "0.2",
+# --state-size is each layer's own (attention records the S4D's, unused).
+_CHARLM = ["--dataset", "charlm", "--n-layers", "4", "--head-dim", "1", "--n-heads", "4",
+           "--batch-size", "32", "--steps", "1200", "--dropout", "0.2",
            "--eval-every", "100", "--log-every", "100"]
 # Chapter 8's long-convolution language models, which it converts with ETSC.
 _LONGCONV = ["--dataset", "charlm", "--d-model", "64", "--batch-size", "32", "--steps", "2000",
              "--eval-every", "200", "--log-every", "200"]
 RUNS.update({
-    "charlm-h3": _CHARLM + ["--layer", "h3", "--d-model", "176"],
-    "charlm-hybrid": _CHARLM + ["--layer", "hybrid", "--d-model", "184"],
-    "charlm-attention": _CHARLM + ["--layer", "attention", "--d-model", "192"],
-    "charlm-s4d": _CHARLM + ["--layer", "s4d", "--d-model", "288"],
+    "charlm-h3": _CHARLM + ["--layer", "h3", "--d-model", "176", "--state-size", "128"],
+    "charlm-hybrid": _CHARLM + ["--layer", "hybrid", "--d-model", "184", "--state-size", "128"],
+    "charlm-attention": _CHARLM + ["--layer", "attention", "--d-model", "192",
+                                   "--state-size", "64"],
+    "charlm-s4d": _CHARLM + ["--layer", "s4d", "--d-model", "288", "--state-size", "64"],
     "tnn-charlm": _LONGCONV + ["--layer", "tnn"],
     "sgconv-charlm": _LONGCONV + ["--layer", "sgconv"],
 })
 
 # Chapter 7's synthetic table (the H3 paper's Table 1 at small scale): two
 # layers of width 64 per sequence layer, 600 steps on 5,000 sequences of each
-# task. S4D has 32 complex modes (state size 64), as H3's diagonal SSM has.
+# task. S4D has state size 64 (32 complex modes), as each head of H3's
+# diagonal SSM has.
 _SYNTHETIC = ["--d-model", "64", "--steps", "600", "--eval-every", "50", "--log-every", "100"]
 _SYNTHETIC_LAYERS = {"s4d": ["--layer", "s4d", "--state-size", "64"],
-                     "h3": ["--layer", "h3", "--head-dim", "8", "--state-size", "32"],
+                     "h3": ["--layer", "h3", "--head-dim", "8", "--state-size", "64"],
                      "attention": ["--layer", "attention", "--n-heads", "4"]}
 RUNS.update({f"{task}-{layer}": ["--dataset", task] + _SYNTHETIC + options
              for task in ("induction-head", "associative-recall")
@@ -154,7 +170,7 @@ def run_dir(name, root=None):
 
 def command(name):
     """The shell command that (re)creates run `name`."""
-    return " ".join(["python -m annotated_s4.cli", *RUNS[name], "--out",
+    return " ".join(["python -m annotated_s4 train", *RUNS[name], "--out",
                      f"reference_runs/{name}"])
 
 
@@ -208,10 +224,70 @@ def locate(name, root=None, url=RAW_URL):
     return directory
 
 
+# --- Cross-run metrics and re-evaluation -----------------------------------------
+
+TOLERANCE = 1e-4
+# dataset -> the reference run whose classifier scores a generator's completions.
+COMPLETION_CLASSIFIERS = {"digits-gen": "digits784-s4"}
+
+
+def complete_digits(model, digits, *, seed=0, temperature=1.0):
+    """The 8x8 digits (n, 64) grey levels with their bottom half replaced by
+    the next-pixel `model`'s completion of the top half, in RNN mode."""
+    from .sample import generate
+
+    digits = np.asarray(digits)
+    half = digits.shape[1] // 2
+    return np.asarray(generate(model, digits.shape[1], key=jax.random.PRNGKey(seed),
+                               prefix=digits[:, :half], temperature=temperature))
+
+
+def completion_accuracy(model, classifier, digits, labels, *, side=28, seed=0):
+    """The fraction of `digits` whose top half, completed by `model`, the
+    `classifier` (trained on digits upsampled to side x side) labels as the
+    true digit; and the completed digits."""
+    from .data import digit_pixels
+
+    completed = complete_digits(model, digits, seed=seed)
+    pixels = digit_pixels(completed.reshape(-1, 8, 8), side)
+    return evaluate(classifier, pixels, np.asarray(labels))["accuracy"], completed
+
+
+def cross_run_metrics(config, data, model):
+    """The metrics of a run that another run's model computes: for a digit
+    generator, the fraction of test digits whose top half, completed by
+    `model`, the reference classifier reads as the true digit (when that run
+    exists: in the repository, or published, see `locate`). {} otherwise."""
+    name = COMPLETION_CLASSIFIERS.get(config.dataset)
+    if name is None:
+        return {}
+    try:
+        directory = locate(name)
+    except FileNotFoundError:  # neither trained here nor in the package's manifest
+        return {}
+    classifier = load_run(directory)[0]
+    accuracy, _ = completion_accuracy(model, classifier, data["x_test"], data["labels_test"])
+    return {"completion_accuracy": accuracy}
+
+
+def reevaluate(directory):
+    """`runner.evaluate_run` of a run directory with its cross-run metrics:
+    (recomputed metrics, run)."""
+    return evaluate_run(directory, extra_metrics=cross_run_metrics)
+
+
+def compare(recorded, recomputed, tolerance=TOLERANCE):
+    """{name: (recorded, recomputed)} of the metrics that differ by more than
+    `tolerance`."""
+    return {k: (recorded.get(k), v) for k, v in recomputed.items()
+            if recorded.get(k) is None or abs(recorded[k] - v) > tolerance}
+
+
+# --- Training, checking, replaying ----------------------------------------------
+
+
 def train(names=(), root=None, log=print):
     """Train the runs `names` (default: all) from scratch into their directories."""
-    from .cli import build_parser, run
-
     for name in _names(names):
         out = run_dir(name, root)
         for f in ("checkpoint.npz", "metrics.json", "history.json", "config.json"):
@@ -219,7 +295,7 @@ def train(names=(), root=None, log=print):
                 os.remove(os.path.join(out, f))
         log(f"== {name}: {command(name)}")
         start = time.perf_counter()
-        run(build_parser().parse_args(RUNS[name] + ["--out", out]), log=log)
+        run(parse(RUNS[name] + ["--out", out]), log=log, extra_metrics=cross_run_metrics)
         log(f"== {name}: {time.perf_counter() - start:.0f} s")
     if root is None:
         write_manifest()
@@ -228,57 +304,45 @@ def train(names=(), root=None, log=print):
 def check(names=(), root=None, log=print):
     """Re-evaluate runs from their checkpoints; returns {name: differences}
     for the runs whose recorded metrics the code no longer reproduces."""
-    from .evaluate import compare, evaluate_run
-
     failed = {}
     for name in _names(names) if names else available(root):
-        metrics, run = evaluate_run(run_dir(name, root))
-        bad = compare(run["metrics"], metrics)
+        metrics, recorded = reevaluate(run_dir(name, root))
+        bad = compare(recorded["metrics"], metrics)
         log(f"{name}: " + ("ok" if not bad else f"differs {bad}"))
         if bad:
             failed[name] = bad
     return failed
 
 
-class _Stop(Exception):
-    pass
-
-
 def replay(name, n_steps=20, root=None):
     """The training losses of the first `n_steps` steps of run `name`, retrained
     from its config.json (same initialisation, batches and schedule), beside
     the losses its history.json recorded: (replayed, recorded)."""
-    from .checkpoint import read_run
-    from .cli import args_from_config, build_model, build_optimizer, load_dataset
-    from .train import fit
-
     directory = run_dir(name, root)
     recorded = read_run(directory)
-    args = args_from_config(recorded["config"], directory)
-    data = load_dataset(args)
-    model = build_model(args, data)
-    optimizer = build_optimizer(args, model)
-    history = {"step": [], "train_loss": [], "eval": []}
-
-    def stop(step, _):
-        if step == n_steps:
-            raise _Stop
-
-    try:
-        fit(model, data["x_train"], data["y_train"], steps=args.steps,
-            batch_size=args.batch_size, lr=args.lr, seed=args.seed, log=None,
-            optimizer=optimizer, history=history, on_step=stop)
-    except _Stop:
-        pass
+    config = read_config(recorded["config"], directory)
+    data = load_dataset(config)
+    model = build_model(config, data)
+    # The optimiser's schedule spans the run's steps; fit stops after n_steps.
+    optimizer = build_optimizer(config, model)
+    history = fit(model, data["x_train"], data["y_train"], steps=n_steps,
+                  batch_size=config.batch_size, lr=config.lr, seed=config.seed, log=None,
+                  optimizer=optimizer)
     return history["train_loss"], recorded["history"]["train_loss"][:n_steps]
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m annotated_s4.reference",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=["train", "check", "list"])
-    p.add_argument("names", nargs="*", help=f"runs (default: all): {', '.join(RUNS)}")
-    args = p.parse_args(argv)
+def add_arguments(parser):
+    """The options of `python -m annotated_s4 reference`."""
+    parser.add_argument("action", choices=["train", "check", "list"],
+                        help="train: re-make runs; check: re-evaluate them against their "
+                             "metrics.json; list: print the command of each")
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"runs (default: all): {', '.join(RUNS)}")
+    return parser
+
+
+def execute(args):
+    """Carry out parsed `reference` options (`add_arguments`)."""
     try:
         if args.action == "list":
             for name in RUNS:
@@ -295,6 +359,14 @@ def main(argv=None):
                 sys.exit(1)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
+
+
+def main(argv=None):
+    """`python -m annotated_s4.reference ...`, the same as `python -m annotated_s4
+    reference ...`."""
+    parser = argparse.ArgumentParser(prog="python -m annotated_s4 reference",
+                                     description=__doc__.split("\n\n")[0])
+    execute(add_arguments(parser).parse_args(argv))
 
 
 if __name__ == "__main__":

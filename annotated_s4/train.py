@@ -3,7 +3,7 @@ step, evaluation, and the one training loop `fit`.
 
 Classification models return (batch, classes) log-probabilities; next-step
 models return (batch, L, vocab) log-probabilities of their own (shifted) input.
-The command line that builds models and datasets by name is `annotated_s4.cli`;
+Models and datasets are built by name in `annotated_s4.registry`;
 checkpoints are `annotated_s4.checkpoint`.
 """
 
@@ -208,8 +208,3 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     history["seconds_per_step"] = seconds / max(steps - first, 1)
     return history
 
-
-if __name__ == "__main__":  # python -m annotated_s4.train: the command line
-    from .cli import main
-
-    main()

@@ -39,7 +39,7 @@ from annotated_s4 import CausalSelfAttention, H3Layer, StackedModel
 from annotated_s4.timing import crossover, generation_throughput, layer_scaling
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-D_MODEL, HEAD_DIM, STATE_SIZE, N_HEADS, VOCAB = 256, 1, 64, 2, 64
+D_MODEL, HEAD_DIM, STATE_SIZE, N_HEADS, VOCAB = 256, 1, 128, 2, 64
 FLASH_BLOCK = 512
 ATTENTIONS = ("flash attention", "attention")    # the baseline first
 

@@ -182,6 +182,7 @@ def test_sizes_accept_numpy_integers():
     ({"state_size": 0}, ValueError, "state_size must be a positive int"),
     ({"shift_size": 0}, ValueError, "shift_size must be a positive int"),
     ({"state_size": 4.5}, TypeError, "state_size must be an int"),
+    ({"state_size": 5}, ValueError, "state_size must be even"),
     ({"shift_size": "4"}, TypeError, "shift_size must be an int"),
 ])
 def test_h3_checks_its_sizes(kwargs, error, match):
@@ -206,7 +207,7 @@ def test_chunk_checks_state():
     u = _u((2, 6, 8))
     k_prev, x_prev = layer.init_state(2)
     with pytest.raises(ValueError, match="state must have shapes"):
-        layer.chunk(u, (k_prev, x_prev[..., :3]))
+        layer.chunk(u, (k_prev, x_prev[..., :1]))
     with pytest.raises(ValueError, match="state must have shapes"):
         layer.chunk(u, layer.init_state(3))            # batch 3 for a batch-2 chunk
     with pytest.raises(TypeError, match="state must be a pair"):

@@ -1,13 +1,17 @@
 """The committed reference runs: each is re-evaluated from its checkpoint and
 must reproduce its recorded metrics; one is replayed from its config."""
 
+import functools
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from annotated_s4 import reference
+from annotated_s4 import SSMLayer, StackedModel, reference
+from annotated_s4.config import RunConfig
 
 
 def test_the_runs_are_committed_with_their_files():
@@ -95,3 +99,37 @@ def test_the_synthetic_seeds_differ_from_seed_0_in_the_seeds_only():
             for seed in reference.SYNTHETIC_SEEDS[1:]:
                 assert reference.RUNS[f"{task}-{layer}-seed{seed}"] == base + [
                     "--seed", str(seed), "--seed-data", str(2 * seed)]
+
+
+def test_completion_accuracy_keeps_the_top_half_and_scores_with_the_classifier():
+    from annotated_s4.data import DIGIT_LEVELS, load_digits_sequences
+
+    d = load_digits_sequences(side=8, quantize=True)
+    digits, labels = d["x_test"][:6], d["y_test"][:6]
+    gen = StackedModel(functools.partial(SSMLayer, N=2, L=64), DIGIT_LEVELS, 4, 1,
+                       rngs=nnx.Rngs(0), vocab_size=DIGIT_LEVELS, classification=False)
+    completed = reference.complete_digits(gen, digits)
+    np.testing.assert_array_equal(completed[:, :32], digits[:, :32])
+    assert completed.shape == digits.shape and completed.max() < DIGIT_LEVELS
+
+    class Constant(nnx.Module):  # a "classifier" that answers 3 to pixels in [0, 1]
+        def __call__(self, x):  # (traced: completion_accuracy compiles it)
+            assert x.shape == (6, 784, 1)
+            in_range = (x.min() >= 0.0) & (x.max() <= 1.0)
+            return jnp.zeros((len(x), 11)).at[:, jnp.where(in_range, 3, 10)].set(1.0)
+
+    accuracy, _ = reference.completion_accuracy(gen, Constant(), digits, labels)
+    assert accuracy == pytest.approx(np.mean(labels == 3))
+
+
+def test_cross_run_metrics_apply_to_the_digit_generator_only(monkeypatch):
+    """Only a digits-gen run is scored by another run (the classifier named in
+    COMPLETION_CLASSIFIERS); without that run at hand it gets no such metric."""
+    assert reference.cross_run_metrics(RunConfig(dataset="digits"), None, None) == {}
+
+    def missing(name, *args, **kwargs):
+        assert name == reference.COMPLETION_CLASSIFIERS["digits-gen"] == "digits784-s4"
+        raise FileNotFoundError(name)
+
+    monkeypatch.setattr(reference, "locate", missing)
+    assert reference.cross_run_metrics(RunConfig(dataset="digits-gen"), None, None) == {}

