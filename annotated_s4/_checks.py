@@ -144,12 +144,88 @@ def kernel(K, L, name="K"):
     return K
 
 
-def ssm(A, B, C):
-    """A continuous or discrete SSM: A (N, N), B (N, 1), C (1, N)."""
+def ssm(A, B, C, *, step=None, L=None):
+    """A continuous or discrete SSM: A (N, N), B (N, 1), C (1, N); where given,
+    a positive `step` and a positive int kernel length `L`."""
     A = array(A, "A", ndim=2)
     N = A.shape[0]
     A = array(A, "A", shape=(N, N))
+    _step_and_length(step, L)
     return A, array(B, "B", shape=(N, 1)), array(C, "C", shape=(1, N))
+
+
+def recurrence(Ab, Bb, Cb, u, x0):
+    """A discrete SSM (see `ssm`), its inputs u (L, 1) and its state x0 (N,)."""
+    Ab, Bb, Cb = ssm(Ab, Bb, Cb)
+    return (Ab, Bb, Cb, array(u, "u", shape=("L", 1)),
+            array(x0, "x0", shape=(Ab.shape[0],)))
+
+
+def diagonal(Lambda, B, C, *, step, L):
+    """A diagonal SSM: Lambda, B, C (N,); a positive scalar step; an int L >= 1."""
+    Lambda = array(Lambda, "Lambda", ndim=1)
+    _step_and_length(step, L)
+    if jnp.ndim(step) != 0:
+        raise ValueError(f"step must be a scalar, got shape {jnp.shape(step)}")
+    return [Lambda] + vectors(Lambda.shape[0], B=B, C=C)
+
+
+def dplr(Lambda, P, Q, B, C, *, step, L=None):
+    """A DPLR SSM: Lambda, P, Q, B, C (N,); a positive step; where given, an int L >= 1."""
+    Lambda = array(Lambda, "Lambda", ndim=1)
+    _step_and_length(step, L)
+    return [Lambda] + vectors(Lambda.shape[0], P=P, Q=Q, B=B, C=C)
+
+
+def cauchy(v, omega, lambd):
+    """The Cauchy product's poles lambd (N,), points omega (M,), weights v (N,) or (K, N)."""
+    lambd = array(lambd, "lambd", ndim=1)
+    v = array(v, "v", ndim=(1, 2))
+    if v.shape[-1] != lambd.shape[0]:
+        raise ValueError(f"v must have shape (N,) or (K, N) with N = {lambd.shape[0]}, "
+                         f"got {v.shape}")
+    return v, array(omega, "omega", ndim=1), lambd
+
+
+def modes(W, log_z, L):
+    """Weights W and log-eigenvalues log_z (..., N) that broadcast; an int L >= 1."""
+    W, log_z = array(W, "W", kind="number"), array(log_z, "log_z", kind="number")
+    positive_int(L, "L")
+    if W.ndim < 1 or log_z.ndim < 1:
+        raise ValueError(f"W and log_z need a trailing mode axis, got {W.shape}, {log_z.shape}")
+    return W, log_z
+
+
+def toeplitz_kernel(t, name="t"):
+    """Real floating kernel(s) t (n,) or (n, d), non-empty and finite."""
+    t = array(t, name, ndim=(1, 2), kind="float")
+    if t.size == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {t.shape}")
+    return finite(t, name)
+
+
+def decayed_kernel(t, decay):
+    """A kernel t (see `toeplitz_kernel`) and a decay gamma (see `decay_factor`)
+    such that t_i / gamma^i stays finite, with gamma^i computed in float64 and
+    rounded to t's dtype (as the ETSC conversion does). Returns (t, gamma)."""
+    t, gamma = toeplitz_kernel(t), decay_factor(decay)
+    if gamma is not None and not _traced(t):
+        powers = np.float64(gamma) ** np.arange(t.shape[0])
+        r = t / jnp.asarray(powers, t.dtype).reshape((-1,) + (1,) * (t.ndim - 1))
+        finite(r, f"t / decay^i (decay = {gamma} is too strong for n = {t.shape[0]})")
+    return t, gamma
+
+
+def decay_factor(decay):
+    """None (no decay) or a number gamma in (0, 1]."""
+    return None if decay is None else number(decay, "decay", low=0, high=1, low_open=True)
+
+
+def _step_and_length(step, L):
+    if step is not None:
+        positive(step, "step")
+    if L is not None:
+        positive_int(L, "L")
 
 
 def vectors(N, **named):
@@ -169,11 +245,11 @@ def step_input(u_t, H, cache, name="u_t"):
     return array(u_t, name, shape=("batch", H), kind="float")
 
 
-def max_length(u, L, name="u"):
-    """u (batch, length, H) is no longer than the L the layer was built for
-    (L = None: any length)."""
-    if L is not None and u.shape[1] > L:
-        raise ValueError(f"{name} has length {u.shape[1]}, more than the layer's L = {L}")
+def max_length(u, max_len, name="u"):
+    """u (batch, length, H) is no longer than the layer's max_len (None: any length)."""
+    if max_len is not None and u.shape[1] > max_len:
+        raise ValueError(f"{name} has length {u.shape[1]}, more than the layer's "
+                         f"max_len = {max_len}")
     return u
 
 

@@ -215,10 +215,8 @@ class CausalSelfAttention(nnx.Module):
         return q.reshape(shape), k.reshape(shape), v.reshape(shape)
 
     def __call__(self, u):
-        checks.sequence(u, self.H)
+        checks.max_length(checks.sequence(u, self.H), self.max_len)
         L = u.shape[1]
-        if L > self.max_len:
-            raise ValueError(f"u has length {L}, more than max_len = {self.max_len}")
         q, k, v = self._split(u)                                    # (b, L, h, d)
         pos = jnp.arange(L)
         q, k = _rotary(q, pos), _rotary(k, pos)

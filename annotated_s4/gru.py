@@ -29,12 +29,12 @@ class GRULayer(nnx.Module):
 
     def __init__(self, H, L=None, *, rngs: nnx.Rngs):
         self.H = checks.positive_int(H, "H")
-        self.L = None if L is None else checks.positive_int(L, "L")
+        self.max_len = None if L is None else checks.positive_int(L, "L")
         self.cell = nnx.GRUCell(H, H, rngs=rngs)
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
     def __call__(self, u):
-        checks.max_length(checks.sequence(u, self.H), self.L)
+        checks.max_length(checks.sequence(u, self.H), self.max_len)
         h0 = jnp.zeros((u.shape[0], self.H), u.dtype)
         _, y = jax.lax.scan(self.cell, h0, jnp.swapaxes(u, 0, 1))  # time-major scan
         return jnp.swapaxes(y, 0, 1)

@@ -187,6 +187,8 @@ class H3Layer(nnx.Module):
     the shift lets the memory store (previous key, current value) pairs.
     """
 
+    max_len = None  # the kernels are built for the input's length
+
     def __init__(self, H, *, rngs: nnx.Rngs, head_dim=8, state_size=64,
                  shift_size=4, L=None, dt_min=0.001, dt_max=0.1):
         # L is unused (the kernels are built for the input's length); it is
@@ -248,10 +250,10 @@ class H3Layer(nnx.Module):
         checks.sequence(u, self.H)
         self._check_state(state, u.shape[0])
         k_prev, x_prev = state
-        T, P = u.shape[1], k_prev.shape[1]
+        T, n_prev = u.shape[1], k_prev.shape[1]  # new steps, previous keys kept
         q, v = self._heads(self.W_Q(u)), self._heads(self.W_V(u))
         k_raw = jnp.concatenate([k_prev, self.W_K(u)], axis=1)
-        k = self._heads(self.shift(k_raw)[:, P:])
+        k = self._heads(self.shift(k_raw)[:, n_prev:])
         kv = k[..., :, None] * v[..., None, :]                      # (b, T, h, i, j)
         Lambda_bar, B_bar, C = self.diag.discrete()                  # (h, N)
         K = self.diag.kernel(T)
@@ -263,10 +265,10 @@ class H3Layer(nnx.Module):
         # new state: x_T = Lambda_bar^T x_prev + sum_t Lambda_bar^{T-1-t} B_bar kv_t
         # (powers computed directly: dividing by Lambda_bar would give 0/0 = NaN
         # once Lambda_bar^T underflows)
-        decay = Lambda_bar[:, :, None] ** jnp.arange(T - 1, -1, -1)  # Lambda_bar^{T-1-t}
+        later = Lambda_bar[:, :, None] ** jnp.arange(T - 1, -1, -1)  # Lambda_bar^{T-1-t}
         x_new = powers[None, :, None, None, :, -1] * x_prev + jnp.einsum(
-            "hnt,bthij->bhijn", B_bar[:, :, None] * decay, kv.astype(B_bar.dtype))
-        k_new = k_raw[:, k_raw.shape[1] - P:] if P else k_prev
+            "hnt,bthij->bhijn", B_bar[:, :, None] * later, kv.astype(B_bar.dtype))
+        k_new = k_raw[:, k_raw.shape[1] - n_prev:] if n_prev else k_prev
         return self.W_O(o), (k_new, x_new)
 
     def _check_state(self, state, batch_size):

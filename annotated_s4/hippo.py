@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _checks as checks
+
 __all__ = [
     "make_HiPPO",
     "make_NPLR_HiPPO",
@@ -25,20 +27,12 @@ __all__ = [
 ]
 
 
-def _check_N(N):
-    if isinstance(N, bool) or not isinstance(N, (int, np.integer)):
-        raise TypeError(f"N must be an int, got {type(N).__name__}")
-    if N < 1:
-        raise ValueError(f"N must be a positive state size, got {N}")
-    return int(N)
-
-
 def make_HiPPO(N):
     """The (negative) HiPPO-LegS matrix A, shape (N, N), float64.
 
     A_nk = -sqrt(2n+1) sqrt(2k+1) for n > k, -(n+1) for n = k, 0 for n < k.
     """
-    N = _check_N(N)
+    N = checks.positive_int(N, "N")
     p = np.sqrt(1 + 2 * np.arange(N))
     A = p[:, None] * p[None, :]  # sqrt(2n+1) sqrt(2k+1) everywhere
     A = np.tril(A) - np.diag(np.arange(N))  # diagonal: (2n+1) - n = n+1
@@ -146,8 +140,7 @@ def legs_history_matrix(N, t, A=None, B=None):
     S_j = (I - A/(2j))^{-1} B / j, accumulated from the right end backwards.
     """
     A, B = _legs_AB(N, A, B)
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
-        raise ValueError(f"t must be a positive int, got {t!r}")
+    t = checks.positive_int(t, "t")
     I = np.eye(N)
     W = I.copy()
     M = np.empty((N, t))
@@ -160,7 +153,7 @@ def legs_history_matrix(N, t, A=None, B=None):
 
 
 def _legs_AB(N, A, B):
-    N = _check_N(N)
+    N = checks.positive_int(N, "N")
     if A is None and B is None:
         A, _, B = make_NPLR_HiPPO(N)
     A, B = np.asarray(A, dtype=np.float64), np.asarray(B, dtype=np.float64)

@@ -19,6 +19,7 @@ from .ssm import K_conv, causal_convolution, discretize
 
 __all__ = [
     "log_step_initializer",
+    "SSMParam",
     "SSMLayer",
     "S4Layer",
     "S4_INITS",
@@ -36,6 +37,12 @@ def log_step_initializer(rng, shape, dt_min=0.001, dt_max=0.1):
     ) + jnp.log(dt_min)
 
 
+class SSMParam(nnx.Param):
+    """A state-space parameter: the state matrix (A, or Lambda and P), the input
+    vector B, the log step. `train.make_optimizer` finds them by this type and
+    trains them at their own learning rate, without weight decay."""
+
+
 class SSMLayer(nnx.Module):
     """H independent N-state SSMs with learned A, B, C, D and log step (Part I).
 
@@ -44,18 +51,20 @@ class SSMLayer(nnx.Module):
     axis is a batch axis, not part of the fan-in): std(A) = 1/sqrt(N).
     The kernel is built with the naive `K_conv`-style power iteration, which
     costs O(N^2 L) per channel and is numerically fragile: the layer S4 improves on.
+    L is the default kernel length; any input length works (max_len is None).
     """
 
+    max_len = None
+
     def __init__(self, H, N, L, *, rngs: nnx.Rngs, dt_min=0.001, dt_max=0.1):
-        if H < 1 or N < 1 or L < 1:
-            raise ValueError(f"H, N and L must be positive, got H={H}, N={N}, L={L}")
-        self.H, self.N, self.L = H, N, L
+        self.H, self.N, self.L = (checks.positive_int(H, "H"), checks.positive_int(N, "N"),
+                                  checks.positive_int(L, "L"))
         init = jax.nn.initializers.lecun_normal(batch_axis=(0,))
-        self.A = nnx.Param(init(rngs.params(), (H, N, N)))
-        self.B = nnx.Param(init(rngs.params(), (H, N, 1)))
+        self.A = SSMParam(init(rngs.params(), (H, N, N)))
+        self.B = SSMParam(init(rngs.params(), (H, N, 1)))
         self.C = nnx.Param(init(rngs.params(), (H, 1, N)))
         self.D = nnx.Param(jnp.ones((H,)))
-        self.log_step = nnx.Param(
+        self.log_step = SSMParam(
             log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
         )
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
@@ -92,8 +101,9 @@ class SSMLayer(nnx.Module):
 # --------------------------------------------------------------------------
 # S4 and S4D layers (Part II)
 # --------------------------------------------------------------------------
-def _complex(p):
-    """A (..., 2) float parameter read as a complex array (real, imag)."""
+def _from_pair(p):
+    """A (..., 2) float parameter read as a complex array (real, imag): the
+    inverse of `_as_pair`."""
     return p[..., 0] + 1j * p[..., 1]
 
 
@@ -145,12 +155,13 @@ def random_NPLR(key, N):
     return -jnp.abs(x) + 1j * jnp.abs(y), z(k2), z(k3)
 
 
-def _per_channel_readout(rngs, H, N, dt_min, dt_max):
-    """The parameters of every channel in S4 and S4D: C (S4's C~), N/2 complex
-    numbers drawn N(0, 1/2) in each part; D = 1; and the log step."""
+def _channel_params(rngs, H, N, dt_min, dt_max):
+    """The parameters of every channel in S4 and S4D: its readout C (S4's C~),
+    N/2 complex numbers drawn N(0, 1/2) in each part; its skip D = 1; and its
+    log step."""
     C = jax.random.normal(rngs.params(), (H, N // 2, 2), _float_dtype()) * 0.5**0.5
     log_step = log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
-    return nnx.Param(C), nnx.Param(jnp.ones((H,))), nnx.Param(log_step)
+    return nnx.Param(C), nnx.Param(jnp.ones((H,))), SSMParam(log_step)
 
 
 def _per_channel(fn, shared, Lambda, P, B, C, step):
@@ -223,19 +234,19 @@ class S4Layer(nnx.Module):
         if not shared:  # one copy per channel: (H, N/2) each
             Lambda, P, B = (jnp.broadcast_to(z, (H, N // 2)) for z in (Lambda, P, B))
         dtype = _float_dtype()
-        self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(dtype))
-        self.Lambda_im = nnx.Param(jnp.asarray(Lambda.imag, dtype=dtype))
-        self.P = nnx.Param(_as_pair(P))
-        self.B = nnx.Param(_as_pair(B))
-        self.C, self.D, self.log_step = _per_channel_readout(rngs, H, N, dt_min, dt_max)
+        self.Lambda_log_neg_re = SSMParam(jnp.log(-Lambda.real).astype(dtype))
+        self.Lambda_im = SSMParam(jnp.asarray(Lambda.imag, dtype=dtype))
+        self.P = SSMParam(_as_pair(P))
+        self.B = SSMParam(_as_pair(B))
+        self.C, self.D, self.log_step = _channel_params(rngs, H, N, dt_min, dt_max)
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
     def ssm_params(self):
         """(Lambda, P, B (N/2,), or (H, N/2) each unless shared, C~ (H, N/2),
         step (H,)) as complex / real arrays."""
         Lambda = -jnp.exp(self.Lambda_log_neg_re[...]) + 1j * self.Lambda_im[...]
-        return (Lambda, _complex(self.P[...]), _complex(self.B[...]),
-                _complex(self.C[...]), jnp.exp(self.log_step[...]))
+        return (Lambda, _from_pair(self.P[...]), _from_pair(self.B[...]),
+                _from_pair(self.C[...]), jnp.exp(self.log_step[...]))
 
     def kernel(self, L=None):
         """The per-channel kernel, shape (H, L); L defaults to (and may not
@@ -245,12 +256,14 @@ class S4Layer(nnx.Module):
         kernel is not available: asking for one raises.
         """
         L = self.L if L is None else L
-        if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L <= self.L:
-            raise ValueError(f"L must be an int in [1, self.L = {self.L}], got {L!r}")
+        if checks.positive_int(L, "L") > self.L:
+            raise ValueError(f"L must be at most self.L = {self.L}, got {L}")
         return _dplr_kernels(*self.ssm_params(), L=self.L, shared=self.shared)[:, :L]
 
+    max_len = property(lambda self: self.L, doc="The contract's length limit: L.")
+
     def __call__(self, u):
-        checks.max_length(checks.sequence(u, self.H), self.L)
+        checks.max_length(checks.sequence(u, self.H), self.max_len)
         return _conv_skip(u, self.kernel(u.shape[1]), self.D[...])
 
     def init_cache(self, batch_size):
@@ -290,17 +303,17 @@ class S4DLayer(nnx.Module):
         self.H, self.N, self.L = H, N, L
         dtype = _float_dtype()
         Lambda = jnp.broadcast_to(S4D_INITS[init](N), (H, N // 2))
-        self.Lambda_log_neg_re = nnx.Param(jnp.log(-Lambda.real).astype(dtype))
-        self.Lambda_im = nnx.Param(Lambda.imag.astype(dtype))
-        self.B = nnx.Param(_as_pair(jnp.ones((H, N // 2)))) if learn_B else None
-        self.C, self.D, self.log_step = _per_channel_readout(rngs, H, N, dt_min, dt_max)
+        self.Lambda_log_neg_re = SSMParam(jnp.log(-Lambda.real).astype(dtype))
+        self.Lambda_im = SSMParam(Lambda.imag.astype(dtype))
+        self.B = SSMParam(_as_pair(jnp.ones((H, N // 2)))) if learn_B else None
+        self.C, self.D, self.log_step = _channel_params(rngs, H, N, dt_min, dt_max)
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
     def ssm_params(self):
         """(Lambda, B, C, step) with shapes (H, N/2) complex x3 and (H,)."""
         Lambda = -jnp.exp(self.Lambda_log_neg_re[...]) + 1j * self.Lambda_im[...]
-        B = jnp.ones_like(Lambda) if self.B is None else _complex(self.B[...])
-        return Lambda, B, _complex(self.C[...]), jnp.exp(self.log_step[...])
+        B = jnp.ones_like(Lambda) if self.B is None else _from_pair(self.B[...])
+        return Lambda, B, _from_pair(self.C[...]), jnp.exp(self.log_step[...])
 
     def discrete(self):
         """(Lambda_bar, B_bar, C), each complex (H, N/2)."""
@@ -311,8 +324,10 @@ class S4DLayer(nnx.Module):
         """The per-channel kernel 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l), (H, L)."""
         return _diagonal_kernels(*self.ssm_params(), L or self.L)
 
+    max_len = property(lambda self: self.L, doc="The contract's length limit: L, or None.")
+
     def __call__(self, u):
-        checks.max_length(checks.sequence(u, self.H), self.L)
+        checks.max_length(checks.sequence(u, self.H), self.max_len)
         return _conv_skip(u, self.kernel(u.shape[1]), self.D[...])
 
     def init_cache(self, batch_size):

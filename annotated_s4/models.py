@@ -1,8 +1,9 @@
 """Models built from sequence layers: the residual block, the stacked model,
 and a wrapper that reads a next-token model at its last position.
 
-Every sequence layer in the package (`layers`, `h3`, `attention`, and
-`toeplitz.ToeplitzLayer`) follows one contract, so these models serve them all:
+Every sequence layer in the package (`layers`, `h3`, `attention`, `gru` and
+the long convolutions of `toeplitz`) follows one contract, so these models
+serve them all:
 
 * ``layer(H, rngs=...)`` builds a layer for H feature channels (pass the other
   arguments with ``functools.partial``);
@@ -12,10 +13,14 @@ Every sequence layer in the package (`layers`, `h3`, `attention`, and
   whatever the recurrence needs and zeroes the state, held in ``nnx.Cache``
   variables;
 * ``layer.step(u_t)`` maps one time step u_t of shape (batch, H) to (batch, H)
-  and advances the cached state ("RNN mode", used for generation).
+  and advances the cached state ("RNN mode", used for generation);
+* ``layer.max_len`` is the longest sequence the layer accepts in either mode,
+  None when there is no limit; CNN mode refuses longer inputs.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +28,24 @@ from flax import nnx
 
 from . import _checks as checks
 
-__all__ = ["SequenceBlock", "StackedModel", "LastTokenModel"]
+__all__ = ["SequenceBlock", "StackedModel", "LastTokenModel", "eval_mode"]
+
+# The attributes that nnx's Module.eval() and .train() switch (dropout, batch norm).
+_MODE_ATTRIBUTES = ("deterministic", "use_running_average")
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """``with eval_mode(model):`` runs the block in eval mode (dropout off) and
+    then gives every submodule back the mode it had before."""
+    saved = [(module, name, getattr(module, name)) for _, module in nnx.iter_modules(model)
+             for name in _MODE_ATTRIBUTES if hasattr(module, name)]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 class SequenceBlock(nnx.Module):
@@ -108,16 +130,13 @@ class StackedModel(nnx.Module):
     def start_token(self):
         return self.vocab_size
 
-    def _check_tokens(self, x, ndim):
+    def _check_input(self, x, ndim):
+        """Tokens (the start token included) with `ndim` dims, or float inputs
+        with a trailing d_input axis."""
         if self.vocab_size is not None:
-            if x.ndim != ndim or not jnp.issubdtype(x.dtype, jnp.integer):
-                raise TypeError(
-                    f"expected integer tokens with {ndim} dims, got {x.dtype} {x.shape}"
-                )
-        elif x.ndim != ndim + 1:
-            raise ValueError(
-                f"expected float inputs with {ndim + 1} dims (..., d_input), got {x.shape}"
-            )
+            return checks.tokens(x, "x", self.vocab_size + 1, ndim=ndim)
+        return checks.array(x, "x", shape=(None,) * ndim + (self.encoder.in_features,),
+                            kind="float")
 
     def _shift_right(self, x):
         if self.vocab_size is not None:
@@ -131,7 +150,7 @@ class StackedModel(nnx.Module):
         return jax.nn.log_softmax(self.decoder(x), axis=-1)
 
     def __call__(self, x):
-        self._check_tokens(x, 2)
+        self._check_input(x, 2)
         if not self.classification:
             x = self._shift_right(x)
         x = self.encoder(x)
@@ -152,7 +171,7 @@ class StackedModel(nnx.Module):
         """One RNN step: x_prev, the previous input (the start token or zeros
         at t = 0), of shape (batch,) tokens or (batch, d_input); returns the
         log-probabilities of the next input, (batch, d_output)."""
-        self._check_tokens(x_prev, 1)
+        self._check_input(x_prev, 1)
         x = self.encoder(x_prev)
         for block in self.layers:
             x = block.step(x)

@@ -36,11 +36,6 @@ __all__ = [
 ]
 
 
-def _check_diagonal(Lambda, B, C):
-    Lambda = checks.array(Lambda, "Lambda", ndim=1)
-    return [Lambda] + checks.vectors(Lambda.shape[0], B=B, C=C)
-
-
 def discretize_diagonal(Lambda, B, step):
     """Zero-order-hold discretization of x' = diag(Lambda) x + B u.
 
@@ -72,10 +67,7 @@ def kernel_diagonal(Lambda, B, C, step, L):
     conjugate eigenvalues this stands for are folded into the factor 2 the
     caller puts in C, or into taking the real part as here).
     """
-    Lambda, B, C = _check_diagonal(Lambda, B, C)
-    L = checks.positive_int(L, "L")
-    if jnp.ndim(step) != 0:
-        raise ValueError(f"step must be a scalar, got shape {jnp.shape(step)}")
+    Lambda, B, C = checks.diagonal(Lambda, B, C, step=step, L=L)
     _, B_bar = discretize_diagonal(Lambda, B, step)
     V = jnp.exp((step * Lambda)[:, None] * jnp.arange(L)[None, :])  # (N, L)
     return jnp.einsum("n,nl->l", C * B_bar, V).real
@@ -97,11 +89,7 @@ def vandermonde(W, log_z, L):
     z^k = exp(k Re log_z) (cos(k Im log_z) + i sin(k Im log_z)), in real
     arithmetic. W and log_z broadcast against each other.
     """
-    W = checks.array(W, "W", kind="number")
-    log_z = checks.array(log_z, "log_z", kind="number")
-    L = checks.positive_int(L, "L")
-    if W.ndim < 1 or log_z.ndim < 1:
-        raise ValueError(f"W and log_z need a trailing mode axis, got {W.shape}, {log_z.shape}")
+    W, log_z = checks.modes(W, log_z, L)
     T = math.isqrt(L - 1) + 1                                         # block length
     blocks = -(-L // T)
 
@@ -121,9 +109,9 @@ def vandermonde(W, log_z, L):
 
 def s4d_lin_init(N):
     """S4D-Lin: Lambda_n = -1/2 + i pi n, n = 0 .. N/2 - 1 (N/2 conjugate pairs)."""
-    N = _check_even_N(N)
+    N = checks.even_int(N, "N")
     n = np.arange(N // 2)
-    return jnp.asarray(-0.5 + 1j * np.pi * n, dtype=_complex_dtype())
+    return jnp.asarray(-0.5 + 1j * np.pi * n, dtype=_default_complex_dtype())
 
 
 def s4d_inv_init(N):
@@ -132,18 +120,15 @@ def s4d_inv_init(N):
     The imaginary parts follow an inverse law, approximating the spectrum of
     the HiPPO-LegS matrix's diagonal part (S4D paper, section 4).
     """
-    N = _check_even_N(N)
+    N = checks.even_int(N, "N")
     n = np.arange(N // 2)
-    return jnp.asarray(-0.5 + 1j * (N / np.pi) * (N / (2 * n + 1) - 1), dtype=_complex_dtype())
+    Lambda = -0.5 + 1j * (N / np.pi) * (N / (2 * n + 1) - 1)
+    return jnp.asarray(Lambda, dtype=_default_complex_dtype())
 
 
-def _complex_dtype():
+def _default_complex_dtype():
     """complex64, or complex128 under `jax_enable_x64` (JAX's default complex dtype)."""
     return jax.dtypes.canonicalize_dtype(jnp.complex128)
-
-
-def _check_even_N(N):
-    return checks.even_int(N, "N")
 
 
 # --------------------------------------------------------------------------
@@ -184,8 +169,7 @@ def K_gen_inverse(Ab, Bb, Cb, L):
 
     with C~ = Cb (I - Ab^L). One Ab^L, then one N x N solve per root.
     """
-    Ab, Bb, Cb = checks.ssm(Ab, Bb, Cb)
-    L = checks.positive_int(L, "L")
+    Ab, Bb, Cb = checks.ssm(Ab, Bb, Cb, L=L)
     I = jnp.eye(Ab.shape[0])
     Ab_L = jnp.linalg.matrix_power(Ab, L)
     Ct = Cb @ (I - Ab_L)
@@ -195,15 +179,6 @@ def K_gen_inverse(Ab, Bb, Cb, L):
 # --------------------------------------------------------------------------
 # Diagonal plus low rank: Cauchy kernels and the Woodbury identity
 # --------------------------------------------------------------------------
-def _check_cauchy(v, omega, lambd):
-    lambd = checks.array(lambd, "lambd", ndim=1)
-    v = checks.array(v, "v", ndim=(1, 2))
-    if v.shape[-1] != lambd.shape[0]:
-        raise ValueError(f"v must have shape (N,) or (K, N) with N = {lambd.shape[0]}, "
-                         f"got {v.shape}")
-    return v, checks.array(omega, "omega", ndim=1), lambd
-
-
 def cauchy(v, omega, lambd, conj=False):
     """The Cauchy matrix-vector product k(omega_j) = sum_n v_n / (omega_j - lambd_n).
 
@@ -215,17 +190,11 @@ def cauchy(v, omega, lambd, conj=False):
     with weights (v_n, conj v_n), as for a real SSM written in its complex
     eigenbasis; the sum runs over all 2N.
     """
-    v, omega, lambd = _check_cauchy(v, omega, lambd)
+    v, omega, lambd = checks.cauchy(v, omega, lambd)
     k = v @ (1.0 / (omega[:, None] - lambd[None, :])).T
     if conj:
         k = k + v.conj() @ (1.0 / (omega[:, None] - lambd.conj()[None, :])).T
     return k
-
-
-def _check_dplr(Lambda, P, Q, B, C, step):
-    Lambda = checks.array(Lambda, "Lambda", ndim=1)
-    checks.positive(step, "step")
-    return [Lambda] + checks.vectors(Lambda.shape[0], P=P, Q=Q, B=B, C=C)
 
 
 def kernel_DPLR(Lambda, P, Q, B, C, step, L, conj=False):
@@ -246,8 +215,7 @@ def kernel_DPLR(Lambda, P, Q, B, C, step, L, conj=False):
     SSM is then real, so its values at conjugate roots are conjugate: only
     the L // 2 + 1 roots that `irfft` reads are evaluated.
     """
-    Lambda, P, Q, B, C = _check_dplr(Lambda, P, Q, B, C, step)
-    L = checks.positive_int(L, "L")
+    Lambda, P, Q, B, C = checks.dplr(Lambda, P, Q, B, C, step=step, L=L)
     Omega_L = jnp.exp((-2j * jnp.pi) * (jnp.arange(L // 2 + 1 if conj else L) / L))
     aterm = (C.conj(), Q.conj())
     bterm = (B, P)
@@ -285,8 +253,7 @@ def discrete_DPLR(Lambda, P, Q, B, C, step, L):
     conjugate, see kernel_DPLR), the recurrence needs Cb = C~^* (I - Ab^L)^{-1}:
     a dense power Ab^L and one N x N solve, done once.
     """
-    Lambda, P, Q, B, C = _check_dplr(Lambda, P, Q, B, C, step)
-    L = checks.positive_int(L, "L")
+    Lambda, P, Q, B, C = checks.dplr(Lambda, P, Q, B, C, step=step, L=L)
     N = Lambda.shape[0]
     A = jnp.diag(Lambda) - P[:, None] @ Q[:, None].conj().T
     I = jnp.eye(N)
@@ -348,7 +315,7 @@ def dplr_rnn(Lambda, P, Q, B, C, step, L, conj=False):
     the L-th power of Ab, taken densely by `discrete_DPLR` once, at set-up
     (O(N^3 log L)); every step after that is O(N).
     """
-    Lambda, P, Q, B, C = _check_dplr(Lambda, P, Q, B, C, step)
+    Lambda, P, Q, B, C = checks.dplr(Lambda, P, Q, B, C, step=step)
     Bb = dplr_A1(2.0 * B, Lambda, P, Q, step, conj)
     full = unfold_conj(Lambda, P, Q, B, C) if conj else (Lambda, P, Q, B, C)
     _, _, Cb = discrete_DPLR(*full, step, L)

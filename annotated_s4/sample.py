@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
-from .layers import S4DLayer, S4Layer
+from .models import eval_mode
 
 __all__ = ["rnn_log_probs", "generate", "generate_cnn"]
 
@@ -44,22 +44,20 @@ def _sample_step(model, token, key, t, temperature):
 
 
 def _check_model(model, length):
-    """A next-step token model, and a length no longer than its S4/S4D layers' L.
+    """A next-step token model, and a length no longer than its layers' max_len.
 
-    Those layers are built for sequences of at most L steps (S4's C~ =
-    C (I - Ab^L) defines the kernel for exactly that length), and their CNN
-    mode refuses longer inputs; RNN mode must not silently go past them.
+    A layer with a length limit (S4's C~ = C (I - Ab^L) defines its kernel for
+    exactly L steps; attention's key-value cache has max_len slots) refuses
+    longer inputs in CNN mode; RNN mode must not silently go past it.
     """
     if getattr(model, "classification", True) or getattr(model, "vocab_size", None) is None:
         raise ValueError("model must be a next-step token model "
                          "(StackedModel with classification=False and vocab_size set)")
     length = checks.positive_int(length, "length")
-    limits = [block.seq.L for block in model.layers
-              if isinstance(getattr(block, "seq", None), (S4Layer, S4DLayer))
-              and block.seq.L is not None]
+    limits = [block.seq.max_len for block in model.layers if block.seq.max_len is not None]
     if limits and length > min(limits):
-        raise ValueError(f"length {length} exceeds the model's S4/S4D layer length "
-                         f"L = {min(limits)}; build the model with a larger L")
+        raise ValueError(f"length {length} exceeds the model's layer length limit "
+                         f"max_len = {min(limits)}; build the model with a larger L")
 
 
 def _check_batch_size(batch_size):
@@ -93,40 +91,40 @@ def rnn_log_probs(model, x):
     """
     x = checks.tokens(x, "x", model.vocab_size)
     _check_model(model, x.shape[1])
-    model.eval()
-    model.init_cache(x.shape[0])
     token = jnp.full((x.shape[0],), model.start_token, dtype=x.dtype)
     out = []
-    for t in range(x.shape[1]):
-        out.append(_step(model, token))
-        token = x[:, t]
+    with eval_mode(model):
+        model.init_cache(x.shape[0])
+        for t in range(x.shape[1]):
+            out.append(_step(model, token))
+            token = x[:, t]
     return jnp.stack(out, axis=1)
 
 
 def generate(model, length, *, key, batch_size=None, prefix=None, temperature=1.0):
     """Sample `length` tokens per sequence in RNN mode.
 
-    With ``prefix`` (batch, P) integer tokens, the first P tokens are forced
-    to the prefix (the model reads them, "prompting" its state) and the
-    remaining length - P are sampled: prefix completion. Without it, whole
+    With ``prefix`` (batch, n_prefix) integer tokens, the first n_prefix tokens
+    are forced to the prefix (the model reads them, "prompting" its state) and
+    the remaining length - n_prefix are sampled: prefix completion. Without it, whole
     sequences are sampled for ``batch_size`` sequences. ``temperature`` divides
     the log-probabilities (0 < temperature; smaller is greedier).
     Returns the tokens, (batch, length) int32.
     """
     prefix, batch_size, n_prefix = _check_generate(model, length, batch_size, prefix,
                                                    temperature)
-    model.eval()
-    model.init_cache(batch_size)
     token = jnp.full((batch_size,), model.start_token, dtype=jnp.int32)
     temperature = jnp.float32(temperature)
     out = []
-    for t in range(length):
-        if t < n_prefix:
-            _step(model, token)  # read the previous token into the state
-            token = prefix[:, t]
-        else:
-            token = _sample_step(model, token, key, t, temperature)
-        out.append(token)
+    with eval_mode(model):
+        model.init_cache(batch_size)
+        for t in range(length):
+            if t < n_prefix:
+                _step(model, token)  # read the previous token into the state
+                token = prefix[:, t]
+            else:
+                token = _sample_step(model, token, key, t, temperature)
+            out.append(token)
     return jnp.stack(out, axis=1)
 
 
@@ -148,9 +146,9 @@ def generate_cnn(model, length, *, key, batch_size, temperature=1.0):
     _check_model(model, length)
     _check_batch_size(batch_size)
     checks.number(temperature, "temperature", low=0.0, low_open=True)
-    model.eval()
     x = jnp.zeros((batch_size, length), dtype=jnp.int32)
     temperature = jnp.float32(temperature)
-    for t in range(length):
-        x = _cnn_sample_at(model, x, key, t, temperature)
+    with eval_mode(model):
+        for t in range(length):
+            x = _cnn_sample_at(model, x, key, t, temperature)
     return x

@@ -56,8 +56,7 @@ def random_SSM(rng, N):
 
 def discretize(A, B, C, step):
     """Bilinear (trapezoid / Tustin) discretization with step size `step`."""
-    A, B, C = checks.ssm(A, B, C)
-    checks.positive(step, "step")
+    A, B, C = checks.ssm(A, B, C, step=step)
     I = jnp.eye(A.shape[0])
     BL = jnp.linalg.inv(I - (step / 2.0) * A)
     Ab = BL @ (I + (step / 2.0) * A)
@@ -72,9 +71,7 @@ def scan_SSM(Ab, Bb, Cb, u, x0):
     before the first input (x_{-1} in chapter 3). Returns (x_{L-1}, y): the
     last state and the outputs y_0 .. y_{L-1}, shape (L, 1).
     """
-    Ab, Bb, Cb = checks.ssm(Ab, Bb, Cb)
-    u = checks.array(u, "u", shape=("L", 1))
-    (x0,) = checks.vectors(Ab.shape[0], x0=x0)
+    Ab, Bb, Cb, u, x0 = checks.recurrence(Ab, Bb, Cb, u, x0)
 
     def step(x_k_1, u_k):
         x_k = Ab @ x_k_1 + Bb @ u_k
@@ -104,8 +101,7 @@ def K_conv(Ab, Bb, Cb, L):
     loop, and it inherits every rounding error of the powers Ab^l: the
     computation S4 replaces.
     """
-    Ab, Bb, Cb = checks.ssm(Ab, Bb, Cb)
-    L = checks.positive_int(L, "L")
+    Ab, Bb, Cb = checks.ssm(Ab, Bb, Cb, L=L)
 
     def power(v, _):  # v = Ab^l Bb
         return Ab @ v, (Cb @ v).reshape()

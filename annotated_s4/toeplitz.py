@@ -44,28 +44,6 @@ __all__ = [
 ]
 
 
-def _kernel(t, name="t"):
-    """Real floating kernel(s) (n,) or (n, d), non-empty and finite."""
-    t = checks.array(t, name, ndim=(1, 2), kind="float")
-    if t.size == 0:
-        raise ValueError(f"{name} must be non-empty, got shape {t.shape}")
-    return checks.finite(t, name)
-
-
-def _length(n, name="n"):
-    """A positive int; anything else is a ValueError naming `name`."""
-    try:
-        return checks.positive_int(n, name)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive integer, got {n!r}") from None
-
-
-def _decay(decay):
-    """None (no decay) or a Python number gamma in (0, 1]."""
-    return None if decay is None else checks.number(decay, "decay", low=0, high=1,
-                                                    low_open=True)
-
-
 def _check_ssm(lambd, b):
     lambd = checks.array(lambd, "lambd", ndim=(1, 2))
     if lambd.shape[0] < 1:
@@ -88,7 +66,8 @@ def _powers(gamma, n, dtype):
     return jnp.asarray(np.float64(gamma) ** np.arange(n), dtype)
 
 
-def _complex(dtype):
+def _complex_like(dtype):
+    """The complex dtype with the precision of the real `dtype`."""
     return jnp.result_type(dtype, jnp.complex64)
 
 
@@ -115,16 +94,14 @@ def etsc(t, decay=None, half=False):
     constant kernel m has b_k = -m omega^k exactly, and only t - mean(t), which
     sums to zero and has no spike, goes through the FFT.
     """
-    t = _kernel(t)
-    gamma = _decay(decay)
+    t, gamma = checks.decayed_kernel(t, decay)
     n, N = t.shape[0], t.shape[0] + 1
     if gamma is not None:  # r_i = t_i / gamma^i
         t = t / _powers(gamma, n, t.dtype).reshape((n,) + (1,) * (t.ndim - 1))
-        checks.finite(t, f"t / decay^i (decay = {gamma} is too strong for n = {n})")
     m = t.mean(axis=0, keepdims=True)
     r = t - m
     r_bar = jnp.concatenate([r, -r.sum(axis=0, keepdims=True)], axis=0)  # sums to 0
-    w = _roots(N, _complex(t.dtype))[1:].reshape((n,) + (1,) * (t.ndim - 1))
+    w = _roots(N, _complex_like(t.dtype))[1:].reshape((n,) + (1,) * (t.ndim - 1))
     b = jnp.fft.fft(r_bar, axis=0)[1:] / N - m * w  # b_k, k = 1..n
     lambd = w.reshape(n) * (1.0 if gamma is None else gamma)
     if half:
@@ -175,7 +152,7 @@ def ssm_to_toeplitz(lambd, b, n):
     lambd is evaluated as exp(i log lambd) chunk by chunk.
     """
     lambd, b = _check_ssm(lambd, b)
-    n = _length(n)
+    n = checks.positive_int(n, "n")
     grid = _etsc_grid(lambd)
     if grid is not None:
         return etsc_kernel(b, n, N=grid[0], decay=grid[1])
@@ -229,7 +206,7 @@ def ssm_to_toeplitz_naive(lambd, b, n):
     lambd, b = _check_ssm(lambd, b)
     if lambd.ndim != 1:
         raise ValueError(f"lambd must have shape (h,) here, got {lambd.shape}")
-    n = _length(n)
+    n = checks.positive_int(n, "n")
 
     chunk = 1024  # rows at a time: memory chunk * h, the arithmetic unchanged
     return jnp.concatenate([
@@ -242,7 +219,7 @@ def toeplitz_matvec(t, x):
 
     t (n,) or (n, d); x (n,) or (n, d) (same shape). Zero-padded FFT, O(n log n).
     """
-    t, x = _kernel(t), _kernel(x, "x")
+    t, x = checks.toeplitz_kernel(t), checks.toeplitz_kernel(x, "x")
     if t.shape != x.shape:
         raise ValueError(f"x must have the shape of t, {t.shape}, got {x.shape}")
     n = t.shape[0]
@@ -287,7 +264,8 @@ def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0):
     or (h, d) (one set per channel), losses (steps,) the relative squared error.
     Memory is O(n h d): the Vandermonde tensor is formed at each step.
     """
-    t, h, steps = _kernel(t), _length(h, "h"), _length(steps, "steps")
+    t, h = checks.toeplitz_kernel(t), checks.positive_int(h, "h")
+    steps = checks.positive_int(steps, "steps")
     lr = checks.number(lr, "lr", low=0, low_open=True, high_open=True)
     squeeze = t.ndim == 1
     t2 = t[:, None] if squeeze else t
@@ -327,7 +305,7 @@ class _Decoder:
         L must be at most n: past its kernel's length the FFT buffer would drop
         the writes, the Cache would see zero taps and the SSM would repeat its
         kernel periodically, each silently wrong, so longer inputs raise."""
-        x = _kernel(x, "x")
+        x = checks.toeplitz_kernel(x, "x")
         x = x[:, None] if x.ndim == 1 else x
         if x.shape[1] != self.d:
             raise ValueError(f"x must have {self.d} channels, got shape {x.shape}")
@@ -343,7 +321,7 @@ class _InputBuffer(_Decoder):
     past inputs (n, d) and the position i of the next one."""
 
     def __init__(self, t):
-        t = _kernel(t)
+        t = checks.toeplitz_kernel(t)
         self.t = t[:, None] if t.ndim == 1 else t
         self.n, self.d = self.t.shape
 
@@ -470,7 +448,8 @@ class ToeplitzLayer(nnx.Module):
     Each of the H channels has its own kernel t of length L (a parameter, shape
     (H, L)) and a skip D: y = T u + D u, with t zero beyond lag L-1. CNN mode is
     the batched FFT convolution; RNN mode keeps a cache of the last L inputs
-    (O(L H) per token).
+    (O(L H) per token). At initialisation t_i is drawn N(0, 1/4) times the
+    envelope exp(-i / envelope_length) (L/8 by default): recent lags first.
 
     ``to_ssm(h)`` converts the kernel, zero-padded to length h, with ETSC into a
     diagonal SSM with h states per channel. From then on the layer IS that SSM:
@@ -480,12 +459,12 @@ class ToeplitzLayer(nnx.Module):
     the kernel, exact up to lag h and periodic beyond.
     """
 
-    def __init__(self, H, L, *, rngs: nnx.Rngs, decay=None):
-        if H < 1 or L < 1:
-            raise ValueError(f"H and L must be positive, got H={H}, L={L}")
-        self.H, self.L = H, L
-        decay = L / 8 if decay is None else decay
-        envelope = jnp.exp(-jnp.arange(L) / decay)  # favour recent lags at init
+    max_len = None  # the kernel is zero beyond lag L-1: any input length is exact
+
+    def __init__(self, H, L, *, rngs: nnx.Rngs, envelope_length=None):
+        self.H, self.L = checks.positive_int(H, "H"), checks.positive_int(L, "L")
+        envelope_length = L / 8 if envelope_length is None else envelope_length
+        envelope = jnp.exp(-jnp.arange(L) / envelope_length)  # favour recent lags at init
         self.t = nnx.Param(0.5 * jax.random.normal(rngs.params(), (H, L)) * envelope)
         self.D = nnx.Param(jnp.ones((H,)))
         self.ssm_b = nnx.data(None)  # (h, H) complex once converted by to_ssm
@@ -499,7 +478,7 @@ class ToeplitzLayer(nnx.Module):
         if h < self.L:
             raise ValueError(f"h must be at least the kernel length {self.L}, got {h}")
         t = jnp.pad(self.t[...].T, ((0, h - self.L), (0, 0)))  # (h, H)
-        self.ssm_decay = _decay(decay)
+        self.ssm_decay = checks.decay_factor(decay)
         self.ssm_b = nnx.Cache(etsc(t, decay=self.ssm_decay)[1])
         return self
 
@@ -562,7 +541,7 @@ class _GeneratedKernelLayer(ToeplitzLayer):
         """ETSC of the generated kernel's first h lags (h >= 1 any size: the
         kernel exists at every length), with lambd = decay * omega^k if given."""
         h = self.L if h is None else checks.positive_int(h, "h")
-        self.ssm_decay = _decay(decay)
+        self.ssm_decay = checks.decay_factor(decay)
         self.ssm_b = nnx.Cache(etsc(self.raw_kernel(h).T, decay=self.ssm_decay)[1])
         return self
 
@@ -586,7 +565,7 @@ class TNNLayer(_GeneratedKernelLayer):
 
     def __init__(self, H, L, *, rngs: nnx.Rngs, gamma=0.99, rpe_dim=32):
         self._init_common(H, L)
-        self.gamma = _decay(gamma)
+        self.gamma = checks.decay_factor(gamma)
         self.rpe = nnx.List([nnx.Linear(1, rpe_dim, rngs=rngs),
                              nnx.Linear(rpe_dim, rpe_dim, rngs=rngs),
                              nnx.Linear(rpe_dim, H, rngs=rngs)])

@@ -18,12 +18,14 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import PartitionSpec
 
 from . import _checks as checks
+from .layers import SSMParam
+from .models import eval_mode
 
 __all__ = [
-    "loss_fn", "SSM_PARAMS", "make_optimizer", "train_step", "evaluate",
+    "loss_fn", "make_optimizer", "train_step", "evaluate",
     "make_mesh", "shard_batch", "replicate", "batch_indices", "fit",
 ]
 
@@ -41,19 +43,18 @@ def loss_fn(model, x, y=None):
     return nll.mean(), acc.mean()
 
 
-# The state-space parameters of the SSM layers: the state matrix (A, or its
-# DPLR/diagonal parts Lambda and P), the input matrix B and the step log(Delta).
-# C and D are ordinary read-out weights.
-SSM_PARAMS = frozenset({"A", "B", "P", "Lambda_log_neg_re", "Lambda_im", "log_step"})
+def _param_groups(model):
+    """The optimiser's label function: 'ssm' for `model`'s state-space
+    parameters (the layers declare them `layers.SSMParam`), 'rest' for the
+    others. Optax calls it on the parameters and on the updates, whose arrays
+    no longer carry their variable's type, so it finds them by their path."""
+    ssm = {tuple(path) for path, _ in nnx.to_flat_state(nnx.state(model, SSMParam))}
 
-
-def _param_groups(params):
-    """'ssm' for the parameters named in SSM_PARAMS, 'rest' for the others."""
     def label(path, _):
-        name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
-        return "ssm" if name in SSM_PARAMS else "rest"
+        key = tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+        return "ssm" if key in ssm else "rest"
 
-    return jax.tree_util.tree_map_with_path(label, params)
+    return lambda params: jax.tree_util.tree_map_with_path(label, params)
 
 
 def make_optimizer(model, lr=1e-3, weight_decay=0.01, steps=1000, warmup=0, ssm_lr=None):
@@ -61,7 +62,7 @@ def make_optimizer(model, lr=1e-3, weight_decay=0.01, steps=1000, warmup=0, ssm_
     to global norm 1.
 
     With `ssm_lr`, the S4 paper's recipe: the state-space parameters
-    (`SSM_PARAMS`) train at the learning rate `ssm_lr` with no weight decay,
+    (declared `SSMParam` by the layers) train at the learning rate `ssm_lr` with no weight decay,
     every other parameter at `lr` with `weight_decay`. Decay would pull
     log(Delta) and the eigenvalues' log(-Re Lambda) toward 0, that is, toward a
     step of 1 and a decay rate of 1, whatever the data asks for.
@@ -75,7 +76,7 @@ def make_optimizer(model, lr=1e-3, weight_decay=0.01, steps=1000, warmup=0, ssm_
         tx = adamw(lr, weight_decay)
     else:
         tx = optax.multi_transform({"ssm": adamw(ssm_lr, 0.0), "rest": adamw(lr, weight_decay)},
-                                   _param_groups)
+                                   _param_groups(model))
     return nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), tx), wrt=nnx.Param)
 
 
@@ -94,22 +95,22 @@ def _eval_batch(model, x, y):
 
 
 def evaluate(model, x, y=None, batch_size=256, mesh=None):
-    """Mean loss and accuracy over a whole split (model put in eval mode).
+    """Mean loss and accuracy over a whole split, in eval mode (the model's
+    mode is restored afterwards).
 
     With a `mesh`, each evaluation batch is replicated onto its devices (where
     the replicated model lives).
     """
-    model.eval()
     n = len(x)
     totals = np.zeros(2)
     put = jnp.asarray if mesh is None else (
-        lambda a: jax.device_put(a, NamedSharding(mesh, P())))
-    for start in range(0, n, batch_size):
-        xb = put(x[start:start + batch_size])
-        yb = None if y is None else put(y[start:start + batch_size])
-        loss, acc = _eval_batch(model, xb, yb)
-        totals += np.array([float(loss), float(acc)]) * len(xb)
-    model.train()
+        lambda a: jax.device_put(a, NamedSharding(mesh, PartitionSpec())))
+    with eval_mode(model):
+        for start in range(0, n, batch_size):
+            xb = put(x[start:start + batch_size])
+            yb = None if y is None else put(y[start:start + batch_size])
+            loss, acc = _eval_batch(model, xb, yb)
+            totals += np.array([float(loss), float(acc)]) * len(xb)
     return {"loss": totals[0] / n, "accuracy": totals[1] / n}
 
 
@@ -138,13 +139,13 @@ def shard_batch(mesh, x):
             f"batch_size ({x.shape[0]}) must be divisible by the number of "
             f"devices ({n_dev})"
         )
-    return jax.device_put(x, NamedSharding(mesh, P("data")))
+    return jax.device_put(x, NamedSharding(mesh, PartitionSpec("data")))
 
 
 def replicate(mesh, *nodes):
     """Copy the state of NNX objects (model, optimizer) onto every device."""
     state = nnx.state(nodes)
-    nnx.update(nodes, jax.device_put(state, NamedSharding(mesh, P())))
+    nnx.update(nodes, jax.device_put(state, NamedSharding(mesh, PartitionSpec())))
 
 
 def batch_indices(seed, step, n, batch_size):

@@ -1,4 +1,5 @@
-"""Tests for annotated_s4.layers: SSMLayer (CNN and RNN modes), S4Layer and S4DLayer."""
+"""Tests for annotated_s4.layers: SSMLayer, S4Layer and S4DLayer, and the layer
+contract (see `models`) checked on every layer of the package."""
 
 import functools
 
@@ -9,9 +10,13 @@ import pytest
 from flax import nnx
 
 from annotated_s4 import K_conv, S4DLayer, S4Layer, SSMLayer, StackedModel
+from annotated_s4.attention import CausalSelfAttention
+from annotated_s4.gru import GRULayer
+from annotated_s4.h3 import H3Layer
 from annotated_s4.hippo import make_DPLR_HiPPO
 from annotated_s4.layers import log_step_initializer
 from annotated_s4.sample import rnn_log_probs
+from annotated_s4.toeplitz import SGConvLayer, TNNLayer, ToeplitzLayer
 
 
 def test_log_step_initializer_range():
@@ -27,15 +32,6 @@ def test_ssm_layer_kernel_is_K_conv():
     assert K.shape == (3, 16)
     for h in range(3):
         np.testing.assert_allclose(K[h], K_conv(Ab[h], Bb[h], Cb[h], 16), rtol=1e-5, atol=1e-6)
-
-
-def test_ssm_layer_cnn_equals_rnn():
-    layer = SSMLayer(H=4, N=8, L=32, rngs=nnx.Rngs(1))
-    u = jax.random.normal(jax.random.PRNGKey(2), (2, 32, 4))
-    y = layer(u)
-    layer.init_cache(2)
-    y_rnn = jnp.stack([layer.step(u[:, k]) for k in range(32)], axis=1)
-    np.testing.assert_allclose(y, y_rnn, atol=1e-4)
 
 
 def test_ssm_layer_errors():
@@ -83,26 +79,49 @@ def _rnn(layer, u):
     return jnp.stack([step(layer, u[:, k]) for k in range(u.shape[1])], axis=1)
 
 
-@pytest.mark.parametrize("name,make", LAYERS)
-def test_cnn_equals_rnn(name, make):
-    layer = make(H, rngs=nnx.Rngs(0))
-    u = jax.random.normal(jax.random.PRNGKey(1), (BATCH, L, H))
-    y_cnn = layer(u)
-    y_rnn = _rnn(layer, u)
-    assert y_cnn.shape == (BATCH, L, H)
-    scale = float(jnp.abs(y_cnn).max())
-    assert float(jnp.abs(y_cnn - y_rnn).max()) < 1e-4 * scale, name
+# --- The layer contract, on every layer and variant ---------------------------
+
+CONTRACT = {
+    "ssm": functools.partial(SSMLayer, N=4, L=L),
+    **dict(LAYERS),
+    "s4-random": functools.partial(S4Layer, N=N, L=L, init="random"),
+    "s4d-fixed-B": functools.partial(S4DLayer, N=N, learn_B=False),  # H3's diagonal SSM
+    "h3": functools.partial(H3Layer, head_dim=2, state_size=4, shift_size=3),
+    "attention": functools.partial(CausalSelfAttention, n_heads=2, max_len=L),
+    "attention-flash": functools.partial(CausalSelfAttention, n_heads=2, max_len=L,
+                                         flash_block=8),
+    "gru": functools.partial(GRULayer, L=L),
+    "toeplitz": functools.partial(ToeplitzLayer, L=L),
+    "tnn": functools.partial(TNNLayer, L=L),
+    "sgconv": functools.partial(SGConvLayer, L=L),
+}
 
 
-@pytest.mark.parametrize("name,make", LAYERS)
-def test_shorter_input_is_causal_prefix(name, make):
-    layer = make(H, rngs=nnx.Rngs(0))
-    u = jax.random.normal(jax.random.PRNGKey(2), (BATCH, L, H))
-    assert np.allclose(layer(u[:, :10]), layer(u)[:, :10], atol=1e-5)
-    with pytest.raises(ValueError, match="L"):
-        layer(jnp.zeros((1, L + 1, H)))
+@pytest.mark.parametrize("name", sorted(CONTRACT))
+def test_layer_contract(name):
+    """(batch, L, H) in and out, under jit as eagerly; RNN mode (a jitted step)
+    equals CNN mode; causal and batch-independent; max_len enforced."""
+    layer = CONTRACT[name](4, rngs=nnx.Rngs(0))
+    u = jax.random.normal(jax.random.PRNGKey(1), (BATCH, L, 4))
+    y = nnx.jit(lambda layer, u: layer(u))(layer, u)
+    assert y.shape == (BATCH, L, 4)
+    scale = float(jnp.abs(y).max())
+    np.testing.assert_allclose(layer(u), y, atol=1e-5 * scale)
+    np.testing.assert_allclose(_rnn(layer, u), y, atol=1e-4 * scale)
+    # changing sequence 1 from step 10 on changes neither sequence 0 nor
+    # sequence 1's outputs before step 10
+    y2 = layer(u.at[1, 10:].set(0.0))
+    np.testing.assert_allclose(y2[0], y[0], atol=1e-5 * scale)
+    np.testing.assert_allclose(y2[1, :10], y[1, :10], atol=1e-5 * scale)
+    assert not np.allclose(y2[1, 10:], y[1, 10:], atol=1e-3 * scale)
+    if layer.max_len is None:
+        assert layer(jnp.zeros((1, 2 * L, 4))).shape == (1, 2 * L, 4)
+    else:
+        assert layer.max_len == L
+        with pytest.raises(ValueError, match="max_len"):
+            layer(jnp.zeros((1, L + 1, 4)))
     with pytest.raises(ValueError, match="u"):
-        layer(jnp.zeros((1, L, H + 1)))
+        layer(jnp.zeros((1, L, 5)))
 
 
 @pytest.mark.parametrize("name,make", LAYERS)
@@ -153,9 +172,9 @@ def test_s4_kernel_length_is_at_most_L():
     layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
     assert layer.kernel(10).shape == (H, 10)
     np.testing.assert_allclose(layer.kernel(10), layer.kernel()[:, :10], rtol=1e-6)
-    with pytest.raises(ValueError, match="L must be an int in"):
+    with pytest.raises(ValueError, match="L must be at most"):
         layer.kernel(L + 1)
-    with pytest.raises(ValueError, match="L must be an int in"):
+    with pytest.raises(ValueError, match="L must be a positive int"):
         layer.kernel(0)
 
 
@@ -257,7 +276,7 @@ def test_s4d_errors():
     with pytest.raises(TypeError, match="learn_B must be True or False"):
         S4DLayer(H, N, L, rngs=nnx.Rngs(0), learn_B=0)
     layer = S4DLayer(H, N, L, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="more than the layer's L"):
+    with pytest.raises(ValueError, match="more than the layer's max_len"):
         layer(jnp.zeros((1, L + 1, H)))
     assert S4DLayer(H, N, rngs=nnx.Rngs(0))(jnp.zeros((1, L + 1, H))).shape == (1, L + 1, H)
     with pytest.raises(ValueError, match="init_cache"):

@@ -10,7 +10,9 @@ from flax import nnx
 
 from annotated_s4 import CausalSelfAttention, H3Layer, LastTokenModel, SequenceBlock
 from annotated_s4 import SSMLayer, StackedModel
-from annotated_s4.sample import rnn_log_probs
+from annotated_s4 import train
+from annotated_s4.models import eval_mode
+from annotated_s4.sample import generate, rnn_log_probs
 
 
 def test_sequence_block_residual_and_step():
@@ -29,7 +31,7 @@ def test_stacked_classifier_shapes_and_causality():
     logp = model(jnp.ones((3, 16, 1)))
     assert logp.shape == (3, 10)
     np.testing.assert_allclose(jnp.exp(logp).sum(-1), 1.0, rtol=1e-5)
-    with pytest.raises(ValueError, match="d_input"):
+    with pytest.raises(ValueError, match="x must have shape"):
         model(jnp.ones((3, 16)))
     with pytest.raises(ValueError, match="classification"):
         model.init_cache(3)
@@ -48,7 +50,7 @@ def test_stacked_generator_is_causal_and_rnn_matches():
     assert not np.allclose(model(x2)[:, 7:], logp[:, 7:], atol=1e-3)
     # RNN mode, fed the previous token, reproduces the parallel log-probabilities.
     np.testing.assert_allclose(rnn_log_probs(model, x), logp, atol=1e-4)
-    with pytest.raises(TypeError, match="integer tokens"):
+    with pytest.raises(TypeError, match="x must be a int array"):
         model(jnp.ones((2, 12)))
 
 
@@ -81,3 +83,31 @@ def test_hybrid_alternates_and_restarts_per_model():
         StackedModel([], 5, 8, 3, rngs=nnx.Rngs(0))
     with pytest.raises(TypeError, match="layer factory"):
         StackedModel([make_h3, 3], 5, 8, 3, rngs=nnx.Rngs(0))
+
+
+def _dropout_modes(model):
+    return [m.deterministic for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Dropout)]
+
+
+@pytest.mark.parametrize("before", ["train", "eval"])
+def test_eval_mode_switches_dropout_off_and_restores_the_mode(before):
+    model = StackedModel(functools.partial(SSMLayer, N=4, L=8), 3, 8, 2, rngs=nnx.Rngs(0),
+                         dropout=0.5)
+    getattr(model, before)()
+    modes = _dropout_modes(model)
+    assert modes and set(modes) == {before == "eval"}
+    with eval_mode(model):
+        assert set(_dropout_modes(model)) == {True}
+    assert _dropout_modes(model) == modes
+
+
+def test_evaluation_and_sampling_leave_the_mode_as_they_found_it():
+    model = StackedModel(functools.partial(SSMLayer, N=4, L=8), 3, 8, 2, rngs=nnx.Rngs(0),
+                         dropout=0.5)
+    model.eval()
+    train.evaluate(model, np.ones((4, 8, 1), np.float32), np.zeros(4, np.int32))
+    assert set(_dropout_modes(model)) == {True}
+    gen = StackedModel(functools.partial(SSMLayer, N=4, L=8), 3, 8, 1, rngs=nnx.Rngs(0),
+                       dropout=0.5, vocab_size=3, classification=False)
+    generate(gen, 4, key=jax.random.key(0), batch_size=2)
+    assert set(_dropout_modes(gen)) == {False}

@@ -110,7 +110,7 @@ def test_generate_with_s4_and_s4d(layer):
     np.testing.assert_array_equal(a, b)
     # the layers are built for L steps (S4's C~ defines a length-L kernel)
     for fn in (generate, generate_cnn):
-        with pytest.raises(ValueError, match="exceeds the model's S4/S4D layer length"):
+        with pytest.raises(ValueError, match="exceeds the model's layer length limit"):
             fn(model, L + 1, key=jax.random.key(0), batch_size=1)
     with pytest.raises(ValueError, match="exceeds"):
         rnn_log_probs(model, jnp.zeros((1, L + 1), jnp.int32))

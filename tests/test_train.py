@@ -15,7 +15,11 @@ import pytest
 from flax import nnx
 
 from annotated_s4 import registry, runner, train
-from annotated_s4 import S4DLayer, SSMLayer, StackedModel
+from annotated_s4 import S4DLayer, S4Layer, SSMLayer, StackedModel
+from annotated_s4.attention import CausalSelfAttention
+from annotated_s4.gru import GRULayer
+from annotated_s4.h3 import H3Layer
+from annotated_s4.toeplitz import SGConvLayer, TNNLayer, ToeplitzLayer
 
 TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model", "8",
         "--state-size", "4", "--batch-size", "16", "--lr", "1e-2", "--log-every", "100"]
@@ -124,3 +128,34 @@ def test_ssm_params_get_their_own_rate_and_no_decay():
     np.testing.assert_array_equal(seq.log_step[...], before)
     with pytest.raises(ValueError, match="--ssm-lr"):
         runner.run(_args(["--steps", "1", "--ssm-lr", "-1"]), log=None)
+
+
+_LAYERS = {
+    "ssm": functools.partial(SSMLayer, N=4, L=16),
+    "s4": functools.partial(S4Layer, N=8, L=16),
+    "s4-independent": functools.partial(S4Layer, N=8, L=16, shared=False),
+    "s4-random": functools.partial(S4Layer, N=8, L=16, init="random"),
+    "s4-gaussian": functools.partial(S4Layer, N=8, L=16, init="gaussian"),
+    "s4d": functools.partial(S4DLayer, N=8, L=16),
+    "h3": functools.partial(H3Layer, head_dim=4, state_size=4),
+    "attention": functools.partial(CausalSelfAttention, n_heads=2, max_len=16),
+    "gru": functools.partial(GRULayer, L=16),
+    "toeplitz": functools.partial(ToeplitzLayer, L=16),
+    "tnn": functools.partial(TNNLayer, L=16),
+    "sgconv": functools.partial(SGConvLayer, L=16),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LAYERS))
+def test_optimizer_groups_are_the_ones_the_names_gave(name):
+    """The groups by type (layers.SSMParam) are those of the rule they replace:
+    a parameter named A, B, P, Lambda_log_neg_re, Lambda_im or log_step."""
+    model = StackedModel(_LAYERS[name], 5, 8, 2, rngs=nnx.Rngs(0), vocab_size=5,
+                         classification=False)
+    by_type = jax.tree_util.tree_flatten_with_path(
+        train._param_groups(model)(nnx.state(model, nnx.Param)))[0]
+    names = {"A", "B", "P", "Lambda_log_neg_re", "Lambda_im", "log_step"}
+    by_name = [(path, "ssm" if path[-2].key in names else "rest") for path, _ in by_type]
+    assert by_type == by_name
+    assert any(g == "ssm" for _, g in by_type) == (name not in {"attention", "gru", "toeplitz",
+                                                                 "tnn", "sgconv"})
