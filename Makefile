@@ -32,14 +32,21 @@ notebooks: $(STAMP)
 # needs it, so that several can share one GPU.
 TEST_WORKERS ?= 2
 
+# JAX's persistent compilation cache, for the tests and the book only (not the
+# benchmarks, which time first calls): the unit tests compile many identical small
+# programs, and the book executes the programs the notebooks' tests compiled. It
+# lives under _build, on this machine only (its entries are native code).
+JAX_CACHE := JAX_COMPILATION_CACHE_DIR=$(CURDIR)/_build/jax_cache \
+	JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+
 test: $(STAMP) browser-tools
 	$(PY) tools/notebooks.py --check
-	XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -p no:cacheprovider \
+	$(JAX_CACHE) XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 \
 		--durations=15 $(wildcard book/*.ipynb) tests
 
 unit: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider -q tests
+	$(JAX_CACHE) $(PY) -m pytest -p no:cacheprovider -q tests
 
 # Build the site, then check it: no tracebacks, every image present, every link
 # resolving, no Markdown table left as raw text (check_site.py); then in headless
@@ -71,7 +78,7 @@ book: $(STAMP) browser-tools
 		-newer $(CACHE_STAMP) -print -quit)" ]; then \
 		echo "no complete build since the package last changed: executing every chapter"; \
 		rm -rf _build/.jupyter_cache _build/.doctrees; fi
-	$(VENV)/bin/jupyter-book build . --builder html -W --keep-going
+	$(JAX_CACHE) $(VENV)/bin/jupyter-book build . --builder html -W --keep-going
 	$(PY) tools/check_site.py _build/html
 	$(PY) tools/check_browser.py _build/html --mathjax _build/mathjax
 	touch $(CACHE_STAMP)
