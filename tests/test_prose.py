@@ -379,3 +379,43 @@ def test_list_items_in_math_rule():
     good = ("A sum $a +\nb$ and a list:\n\n- $x$ item\n+ $y$ item\n\n"
             "```python\n$x\n+ y\n```\n\nCosts \\$5 and\n- a list item.\n")
     assert list_items_in_math(good) == []
+
+
+GLUE_USE = re.compile(r"\{glue:(?:text|md|any|math|figure)\}`([^`:]+)")
+
+
+def unglued_keys(path):
+    """(line, key) for each `{glue:...}` key of the prose that no code cell of
+    the page can glue: a key is glued when a cell names it as a string (in
+    ``glue("key", ...)``, or in a dict or tuple of names that a loop glues) or
+    when it matches the pattern of an f-string key (``glue(f"acc_{layer}")``).
+    Without this check a renamed key fails only at the end of the book build."""
+    text = path.read_text()
+    code = "\n".join(m.group(2) for m in CELL.finditer(text))
+    named = set(re.findall(r"""["']([\w.-]+)["']""", code))
+    patterns = [re.compile(re.sub(r"\\\{[^}]*\\\}", r"[\\w.-]+", re.escape(f)) + "$")
+                for f in re.findall(r"""glue\(\s*f(?:"([^"]+)"|'([^']+)')""", code)
+                for f in f if f]
+    found = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        for key in GLUE_USE.findall(line):
+            if key not in named and not any(p.match(key) for p in patterns):
+                found.append((lineno, key))
+    return found
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in PAGES])
+def test_every_glued_key_in_the_prose_is_glued_by_a_cell(path):
+    found = unglued_keys(path)
+    assert not found, ("{glue} keys that no cell of the page glues:\n"
+                       + "\n".join(f"  {path.name}:{n}: {key}" for n, key in found))
+
+
+def test_unglued_keys_rule(tmp_path):
+    page = tmp_path / "x.md"
+    page.write_text(
+        "# T\n\n```{code-cell} ipython3\nglue('a', 1)\nfor k in ('b_1',):\n    glue(k, 2)\n"
+        "for layer in 'xy':\n    glue(f\"acc_{layer}_mean\", 3)\n```\n\n"
+        "A {glue:text}`a:.2f`, {glue:text}`b_1`, {glue:text}`acc_s4_mean:.1%`,\n"
+        "{glue:text}`acc_s4_max:.1%` and {glue:text}`gone:.3f`.\n")
+    assert unglued_keys(page) == [(12, "acc_s4_max"), (12, "gone")]

@@ -44,7 +44,8 @@ def test_the_initial_step_range_is_an_option(tmp_path):
 
 
 # The hybrid (H3, then attention) covers both token layers' options; every
-# layer alone trains on both tasks in test_every_layer_trains_on_every_dataset.
+# layer trains on pixels and on one token task in
+# test_every_layer_trains_on_both_kinds_of_data.
 @pytest.mark.parametrize("layer,dataset", [("hybrid", "induction-head"),
                                            ("hybrid", "associative-recall")])
 def test_token_layers_train_on_the_recall_tasks(tmp_path, layer, dataset):
@@ -69,14 +70,20 @@ def test_token_layers_train_on_the_recall_tasks(tmp_path, layer, dataset):
         assert kinds == [H3Layer, CausalSelfAttention]
 
 
-@pytest.mark.parametrize("layer", sorted(registry.LAYERS))
-def test_every_layer_trains_on_every_dataset(tmp_path, layer):
-    """One step of every --layer on every offline --dataset, at tiny sizes and
-    at a --seq-len other than the default."""
-    for dataset, extra in [("digits", []),
-                           ("induction-head", ["--seq-len", "12", "--vocab-size", "6"]),
-                           ("associative-recall", ["--seq-len", "10", "--vocab-size", "4"]),
-                           ("charlm", ["--seq-len", "16"])]:
+_TOKEN_TASKS = [("induction-head", ["--seq-len", "12", "--vocab-size", "6"]),
+                ("associative-recall", ["--seq-len", "10", "--vocab-size", "4"]),
+                ("charlm", ["--seq-len", "16"])]
+
+
+@pytest.mark.parametrize("i,layer", enumerate(sorted(registry.LAYERS)))
+def test_every_layer_trains_on_both_kinds_of_data(tmp_path, i, layer):
+    """One step of every --layer on pixels (real inputs, one label per
+    sequence) and on one task of tokens (an embedding, and a prediction at the
+    last or at every position), at tiny sizes and at a --seq-len other than
+    the default. The token tasks take turns, so each is trained by three
+    layers (and the hybrid trains on both recall tasks above)."""
+    assert len(registry.LAYERS) >= 2 * len(_TOKEN_TASKS)  # every token task gets two or more layers
+    for dataset, extra in [("digits", []), _TOKEN_TASKS[i % len(_TOKEN_TASKS)]]:
         result = runner.run(registry.parse(
             ["--dataset", dataset, "--layer", layer, "--n-layers", "2" if layer == "hybrid"
              else "1", "--d-model", "8",
