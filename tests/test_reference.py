@@ -5,6 +5,7 @@ chapter 6, which `make test` executes); one is replayed from its config."""
 import functools
 import json
 import os
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -31,8 +32,8 @@ def test_the_runs_are_committed_with_their_files():
 # asserts that it reproduces its recorded metrics, and `make test` executes the
 # chapter; evaluating them here as well would double the most expensive
 # evaluations of the suite (784 steps over 1,000 held-out digits each).
-CHAPTER_6 = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                         "book", "06_s4_in_practice.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHAPTER_6 = os.path.join(ROOT, "book", "06_s4_in_practice.md")
 
 
 def _checked_by_chapter_6(name):
@@ -40,8 +41,6 @@ def _checked_by_chapter_6(name):
 
 
 def test_chapter_6_re_evaluates_every_mnist_run():
-    import re
-
     with open(CHAPTER_6) as f:
         code = "".join(re.findall(r"^```\{code-cell\}.*?^```$", f.read(), re.S | re.M))
     names = [n for n in reference.available() if _checked_by_chapter_6(n)]
@@ -77,8 +76,7 @@ def test_the_manifest_records_every_committed_run():
 def test_the_download_url_is_the_books_repository():
     import yaml
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "_config.yml")) as f:
+    with open(os.path.join(ROOT, "_config.yml")) as f:
         repo = yaml.safe_load(f)["repository"]
     owner_name = repo["url"].removeprefix("https://github.com/")
     assert reference.RAW_URL == (f"https://raw.githubusercontent.com/{owner_name}/"

@@ -75,7 +75,7 @@ _TOKEN_TASKS = [("induction-head", ["--seq-len", "12", "--vocab-size", "6"]),
                 ("charlm", ["--seq-len", "16"])]
 
 
-@pytest.mark.parametrize("i,layer", enumerate(sorted(registry.LAYERS)))
+@pytest.mark.parametrize("i,layer", list(enumerate(sorted(registry.LAYERS))))
 def test_every_layer_trains_on_both_kinds_of_data(tmp_path, i, layer):
     """One step of every --layer on pixels (real inputs, one label per
     sequence) and on one task of tokens (an embedding, and a prediction at the
