@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _checks as checks
-from .ssm import K_conv
+from .hippo import make_NPLR_HiPPO
+from .ssm import K_conv, discretize
 
 __all__ = [
     "discretize_diagonal",
@@ -22,6 +23,8 @@ __all__ = [
     "vandermonde",
     "s4d_lin_init",
     "s4d_inv_init",
+    "hippo_ssm",
+    "K_diagonalised",
     "K_gen_simple",
     "conv_from_gen",
     "K_gen_inverse",
@@ -134,6 +137,37 @@ def _default_complex_dtype():
 # --------------------------------------------------------------------------
 # From matrix powers to a generating function (S4, section 3)
 # --------------------------------------------------------------------------
+def _hippo_and_C(N, C):
+    N = checks.positive_int(N, "N")
+    C = np.asarray(C)
+    if C.shape != (N,):
+        raise ValueError(f"C must be a vector of N = {N} output weights, got shape {C.shape}")
+    A, _, B = make_NPLR_HiPPO(N)
+    return A, B, C
+
+
+def hippo_ssm(N, C, step, dtype=jnp.float64):
+    """The HiPPO-LegS SSM (A and B of `make_NPLR_HiPPO`) with output weights C
+    (N,), discretized with `step`: (Ab, Bb, Cb) of shapes (N, N), (N, 1),
+    (1, N), in `dtype` (float64 takes effect under `jax.enable_x64`)."""
+    A, B, C = _hippo_and_C(N, C)
+    return discretize(jnp.asarray(A, dtype), jnp.asarray(B, dtype)[:, None],
+                      jnp.asarray(C, dtype)[None, :], step)
+
+
+def K_diagonalised(N, C, step, L):
+    """The kernel of `hippo_ssm` through the naive diagonalisation
+    A = W diag(w) W^{-1} and the diagonal kernel on the eigenvalues w, in
+    numpy float64. Returns (K of shape (L,), cond(W)): exact in exact
+    arithmetic, garbage in floating point once W is ill-conditioned."""
+    A, B, C = _hippo_and_C(N, C)
+    L = checks.positive_int(L, "L")
+    w, W = np.linalg.eig(A)
+    wb = (1 + step / 2 * w) / (1 - step / 2 * w)              # bilinear eigenvalues
+    bb = step / (1 - step / 2 * w) * np.linalg.solve(W, B)     # W^{-1} Bb
+    return (((C @ W) * bb) @ (wb[:, None] ** np.arange(L)[None, :])).real, np.linalg.cond(W)
+
+
 def K_gen_simple(Ab, Bb, Cb, L):
     """The truncated generating function z -> sum_{l<L} K_l z^l of the SSM kernel.
 

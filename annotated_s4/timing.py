@@ -16,10 +16,10 @@ import numpy as np
 from flax import nnx
 
 from . import _checks as checks
-from .hippo import make_DPLR_HiPPO, make_NPLR_HiPPO
+from .hippo import make_DPLR_HiPPO
 from .layers import S4Layer
-from .s4 import K_gen_inverse, conv_from_gen, kernel_DPLR
-from .ssm import K_conv, discretize
+from .s4 import K_gen_inverse, conv_from_gen, hippo_ssm, kernel_DPLR
+from .ssm import K_conv
 
 __all__ = ["time_fn", "peak_bytes", "convolution_timings", "layer_scaling", "crossover",
            "KERNELS", "kernel_fns", "layer_kernel_fn", "kernel_scaling", "loglog_slope",
@@ -196,10 +196,8 @@ def kernel_fns(N, L):
     """
     N, L = checks.positive_int(N, "N"), checks.positive_int(L, "L")
     step = 1.0 / L
-    A, _, B0 = make_NPLR_HiPPO(N)
     C0 = np.random.RandomState(0).randn(N) / np.sqrt(N)
-    Ab, Bb, Cb = discretize(jnp.asarray(A, jnp.float32), jnp.asarray(B0, jnp.float32)[:, None],
-                            jnp.asarray(C0, jnp.float32)[None, :], step)
+    Ab, Bb, Cb = hippo_ssm(N, C0, step, jnp.float32)
     Lambda, P, B, _ = make_DPLR_HiPPO(N)
     c64 = lambda x: jnp.asarray(x, jnp.complex64)  # noqa: E731
     Ct = c64(np.random.RandomState(1).randn(N))

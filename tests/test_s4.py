@@ -16,6 +16,8 @@ from annotated_s4.s4 import (
     dplr_A1,
     dplr_rnn,
     dplr_step,
+    hippo_ssm,
+    K_diagonalised,
     kernel_DPLR,
     kernel_diagonal,
     s4d_inv_init,
@@ -72,6 +74,7 @@ def test_kernel_DPLR_matches_hippo_in_original_basis():
         A, _, B0 = make_NPLR_HiPPO(N)
         C0 = np.random.RandomState(2).randn(N)
         Ab, Bb, Cb = discretize(jnp.asarray(A), jnp.asarray(B0)[:, None], jnp.asarray(C0)[None, :], step)
+        assert all(jnp.array_equal(x, y) for x, y in zip((Ab, Bb, Cb), hippo_ssm(N, C0, step)))
         dense = K_conv(Ab, Bb, Cb, L)
         Lambda, P, B, V = make_DPLR_HiPPO(N)
         # C in the eigenbasis is C0 V; C~ = C (I - Ab^L); the kernel uses conj(C~).
@@ -79,6 +82,21 @@ def test_kernel_DPLR_matches_hippo_in_original_basis():
         Ct = ((C0 @ V) @ (np.eye(N) - np.linalg.matrix_power(AbV, L))).conj()
         fast = kernel_DPLR(Lambda, P, P, B, Ct, step, L)
         assert _rel(fast, dense) < 1e-8
+
+
+def test_K_diagonalised_is_exact_while_W_is_well_conditioned():
+    """Through A = W diag(w) W^{-1} the kernel is right at N = 4 and garbage
+    at N = 64, where cond(W) is astronomical (chapter 5, step 5)."""
+    with enable_x64():
+        for N, ok in ((4, True), (64, False)):
+            C0 = np.random.RandomState(1).randn(N) / np.sqrt(N)
+            K, cond_W = K_diagonalised(N, C0, 0.01, 256)
+            err = _rel(K, K_conv(*hippo_ssm(N, C0, 0.01), 256))
+            assert (err < 1e-8) if ok else (err > 1e10 and cond_W > 1e20), (N, err, cond_W)
+    with pytest.raises(ValueError, match="C must be a vector of N = 8"):
+        K_diagonalised(8, np.ones(7), 0.01, 16)
+    with pytest.raises(ValueError, match="C must be a vector of N = 8"):
+        hippo_ssm(8, np.ones((1, 8)), 0.01)
 
 
 def test_discrete_DPLR_unrolls_to_kernel():
