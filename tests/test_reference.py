@@ -28,7 +28,7 @@ def test_the_runs_are_committed_with_their_files():
             assert "paths" in ckpt.files
 
 
-# Chapter 6 (its two pages) re-evaluates every sequential-MNIST run from its
+# Chapter 6 (its three pages) re-evaluates every sequential-MNIST run from its
 # checkpoint and asserts that it reproduces its recorded metrics, and `make test`
 # executes the chapter; evaluating them here as well would double the most
 # expensive evaluations of the suite (784 steps over 1,000 held-out digits each).
