@@ -216,6 +216,19 @@ def decayed_kernel(t, decay):
     return t, gamma
 
 
+def diagonal_ssm(lambd, b):
+    """A diagonal SSM's eigenvalues lambd (h,) or (h, d) and input vector b of
+    the same leading size (h,) or (h, d), both finite. Returns (lambd, b)."""
+    lambd = array(lambd, "lambd", ndim=(1, 2))
+    if lambd.shape[0] < 1:
+        raise ValueError(f"lambd must have shape (h,) or (h, d), got {lambd.shape}")
+    b = array(b, "b", ndim=(1, 2))
+    if b.shape[0] != lambd.shape[0] or (lambd.ndim == 2 and b.shape != lambd.shape):
+        raise ValueError(f"b must have shape (h,) or (h, d) matching lambd "
+                         f"{lambd.shape}, got {b.shape}")
+    return finite(lambd, "lambd"), finite(b, "b")
+
+
 def decay_factor(decay):
     """None (no decay) or a number gamma in (0, 1]."""
     return None if decay is None else number(decay, "decay", low=0, high=1, low_open=True)

@@ -190,9 +190,7 @@ class H3Layer(nnx.Module):
     max_len = None  # the kernels are built for the input's length
 
     def __init__(self, H, *, rngs: nnx.Rngs, head_dim=8, state_size=64,
-                 shift_size=4, L=None, dt_min=0.001, dt_max=0.1):
-        # L is unused (the kernels are built for the input's length); it is
-        # accepted because the training CLI passes L to every layer factory.
+                 shift_size=4, dt_min=0.001, dt_max=0.1):
         H, head_dim = checks.positive_int(H, "H"), checks.positive_int(head_dim, "head_dim")
         state_size = checks.even_int(state_size, "state_size")  # N, as S4D's
         shift_size = checks.positive_int(shift_size, "shift_size")

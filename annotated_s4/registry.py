@@ -193,13 +193,13 @@ def _attention_layer(config, L):
 
 
 def _tnn_layer(config, L):
-    from .toeplitz import TNNLayer
+    from .longconv import TNNLayer
 
     return functools.partial(TNNLayer, L=L)
 
 
 def _sgconv_layer(config, L):
-    from .toeplitz import SGConvLayer
+    from .longconv import SGConvLayer
 
     return functools.partial(SGConvLayer, L=L)
 

@@ -270,7 +270,7 @@ def linearity(slope, tol=0.25):
 # --------------------------------------------------------------------------
 def _prefilled_decoder(model, prompt, n_new):
     """(decode, state, token): `model` (in RNN mode, cache initialised) fed
-    `prompt` (batch, P) once, compiled; decode(state, token) then generates
+    `prompt` (batch, prompt length) once, compiled; decode(state, token) then generates
     `n_new` tokens greedily from that state in one compiled `nnx.scan` and
     returns the last, so every call starts from the same state."""
     graph, state = nnx.split(model)
@@ -306,26 +306,26 @@ def generation_throughput(models, prompts, n_new, *, batch=8, repeats=3, seed=1,
 
     `models` maps a name to a function of max_len that builds a next-token
     `StackedModel` (with vocab_size) able to hold max_len positions. For every
-    (name, prompt length P): the prompt is fed once in RNN mode (prefill,
+    name and prompt length: the prompt is fed once in RNN mode (prefill,
     compiled, not timed); then `n_new` tokens are generated from the state it
-    left (`_prefilled_decoder`). The runs go round-robin over all (name, P)
-    pairs, `repeats` + 1 rounds, the first round compiling and not counted, so
-    that a slow period of the machine does not fall on one configuration only.
-    Returns rows with layer, prompt, new_tokens, batch, decode_s (median) and
-    tokens_per_s.
+    left (`_prefilled_decoder`). The runs go round-robin over all (name, prompt
+    length) pairs, `repeats` + 1 rounds, the first round compiling and not
+    counted, so that a slow period of the machine does not fall on one
+    configuration only. Returns rows with layer, prompt, new_tokens, batch,
+    decode_s (median) and tokens_per_s.
     """
     n_new, batch = checks.positive_int(n_new, "n_new"), checks.positive_int(batch, "batch")
     repeats = checks.positive_int(repeats, "repeats")
     runs = {}
     for name, make_model in models.items():
-        for P in prompts:
-            P = checks.positive_int(P, "prompt length")
-            model = make_model(P + n_new + 1)
+        for length in prompts:
+            length = checks.positive_int(length, "prompt length")
+            model = make_model(length + n_new + 1)
             model.eval()
             model.init_cache(batch)
-            prompt = jax.random.randint(jax.random.PRNGKey(seed), (batch, P), 0,
+            prompt = jax.random.randint(jax.random.PRNGKey(seed), (batch, length), 0,
                                         model.vocab_size)
-            runs[name, P] = (*_prefilled_decoder(model, prompt, n_new), [])
+            runs[name, length] = (*_prefilled_decoder(model, prompt, n_new), [])
     for round_ in range(repeats + 1):
         for decode, state, tok, times in runs.values():
             t0 = time.perf_counter()
@@ -333,11 +333,11 @@ def generation_throughput(models, prompts, n_new, *, batch=8, repeats=3, seed=1,
             if round_:                                   # round 0 compiles
                 times.append(time.perf_counter() - t0)
     rows = []
-    for (name, P), (*_, times) in runs.items():
+    for (name, length), (*_, times) in runs.items():
         seconds = statistics.median(times)
-        rows.append({"layer": name, "prompt": P, "new_tokens": n_new, "batch": batch,
+        rows.append({"layer": name, "prompt": length, "new_tokens": n_new, "batch": batch,
                      "repeats": repeats, "decode_s": seconds,
                      "tokens_per_s": batch * n_new / seconds})
         if log:
-            log(f"  prompt {P:5d} {name:10s} {batch * n_new / seconds:10.0f} tokens/s")
+            log(f"  prompt {length:5d} {name:10s} {batch * n_new / seconds:10.0f} tokens/s")
     return rows

@@ -34,8 +34,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from annotated_s4.timing import time_fn  # noqa: E402
-from annotated_s4.toeplitz import (CacheDecoder, FFTDecoder, SSMDecoder, etsc,  # noqa: E402
-                                   fit_toeplitz_gradient, ssm_to_toeplitz)
+from annotated_s4.decoders import CacheDecoder, FFTDecoder, SSMDecoder  # noqa: E402
+from annotated_s4.toeplitz import etsc, fit_toeplitz_gradient, ssm_to_toeplitz  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 

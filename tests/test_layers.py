@@ -16,7 +16,7 @@ from annotated_s4.h3 import H3Layer
 from annotated_s4.hippo import make_DPLR_HiPPO
 from annotated_s4.layers import log_step_initializer
 from annotated_s4.sample import rnn_log_probs
-from annotated_s4.toeplitz import SGConvLayer, TNNLayer, ToeplitzLayer
+from annotated_s4.longconv import SGConvLayer, TNNLayer, ToeplitzLayer
 
 
 def test_log_step_initializer_range():
@@ -94,6 +94,9 @@ CONTRACT = {
     "toeplitz": functools.partial(ToeplitzLayer, L=L),
     "tnn": functools.partial(TNNLayer, L=L),
     "sgconv": functools.partial(SGConvLayer, L=L),
+    # what to_ssm returns: ETSC's diagonal SSM of a kernel, plain and with TNN's decay
+    "etsc": lambda H, rngs: ToeplitzLayer(H, L, rngs=rngs).to_ssm(L),
+    "etsc-decayed": lambda H, rngs: TNNLayer(H, L, rngs=rngs).to_ssm(L, decay=0.99),
 }
 
 

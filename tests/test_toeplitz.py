@@ -1,4 +1,5 @@
-"""Tests for annotated_s4.toeplitz (ETSC, gradient baseline, decoders) and ToeplitzLayer."""
+"""Tests for annotated_s4.toeplitz (ETSC, gradient baseline), annotated_s4.decoders
+and the long-convolution layers of annotated_s4.longconv."""
 
 import functools
 
@@ -10,8 +11,9 @@ from flax import nnx
 
 from annotated_s4 import StackedModel, ToeplitzLayer
 from annotated_s4.s4 import kernel_diagonal
-from annotated_s4.toeplitz import (CacheDecoder, FFTDecoder, SSMDecoder, etsc, etsc_kernel,
-                                   fit_toeplitz_gradient, ssm_to_toeplitz,
+from annotated_s4.decoders import CacheDecoder, FFTDecoder, SSMDecoder
+from annotated_s4.longconv import ETSCLayer, SGConvLayer, TNNLayer
+from annotated_s4.toeplitz import (etsc, etsc_kernel, fit_toeplitz_gradient, ssm_to_toeplitz,
                                    ssm_to_toeplitz_naive, toeplitz_matvec)
 
 
@@ -202,12 +204,17 @@ def test_toeplitz_layer_modes_and_conversion():
         return jnp.stack(out, 1)
 
     np.testing.assert_allclose(rnn(model), logp, atol=1e-4)
-    for block in model.layers:
-        block.seq.to_ssm(24)
-    np.testing.assert_allclose(model(x), logp, atol=1e-4)
-    np.testing.assert_allclose(rnn(model), logp, atol=1e-4)
-    with pytest.raises(ValueError):
-        model.layers[0].seq.to_ssm(8)
+    original = model.layers[0].seq
+    converted = nnx.clone(model)
+    for block in converted.layers:
+        block.seq = block.seq.to_ssm(24)
+        assert isinstance(block.seq, ETSCLayer) and block.seq.b.shape == (24, 6)
+    assert isinstance(model.layers[0].seq, ToeplitzLayer)  # to_ssm leaves the layer as it was
+    np.testing.assert_allclose(model(x), logp, atol=1e-6)
+    np.testing.assert_allclose(converted(x), logp, atol=1e-4)
+    np.testing.assert_allclose(rnn(converted), logp, atol=1e-4)
+    with pytest.raises(ValueError, match="kernel length 16"):
+        original.to_ssm(8)
     with pytest.raises(ValueError):
         ToeplitzLayer(4, 0, rngs=nnx.Rngs(0))
 
@@ -300,10 +307,10 @@ def test_toeplitz_layer_decayed_conversion():
     layer = ToeplitzLayer(4, 16, rngs=nnx.Rngs(0))
     u = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 4))
     y = layer(u)
-    layer.to_ssm(32, decay=0.9)
-    np.testing.assert_allclose(layer(u), y, atol=1e-4)
-    layer.init_cache(2)
-    out = jnp.stack([layer.step(u[:, i]) for i in range(16)], 1)
+    ssm = layer.to_ssm(32, decay=0.9)
+    np.testing.assert_allclose(ssm(u), y, atol=1e-4)
+    ssm.init_cache(2)
+    out = jnp.stack([ssm.step(u[:, i]) for i in range(16)], 1)
     np.testing.assert_allclose(out, y, atol=1e-4)
     with pytest.raises(ValueError, match="decay"):
         layer.to_ssm(32, decay=0.0)
@@ -311,7 +318,6 @@ def test_toeplitz_layer_decayed_conversion():
 
 @pytest.mark.parametrize("name", ["tnn", "sgconv"])
 def test_generated_kernel_layers_modes_and_conversion(name):
-    from annotated_s4.toeplitz import SGConvLayer, TNNLayer
     cls = {"tnn": TNNLayer, "sgconv": SGConvLayer}[name]
     layer = cls(4, 16, rngs=nnx.Rngs(0))
     u = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 4))
@@ -326,12 +332,26 @@ def test_generated_kernel_layers_modes_and_conversion(name):
     np.testing.assert_allclose(rnn(layer), y, atol=1e-4)
     decay = 0.99 if name == "tnn" else None
     for h in (16, 24):
-        conv = nnx.clone(layer).to_ssm(h, decay=decay)
+        conv = layer.to_ssm(h, decay=decay)
         np.testing.assert_allclose(conv(u), y, atol=1e-4)
         np.testing.assert_allclose(rnn(conv), y, atol=1e-4)
     # beyond h the decayed TNN echo is bounded by gamma^i max|r_bar|
     if name == "tnn":
-        conv = nnx.clone(layer).to_ssm(16, decay=0.99)
+        conv = layer.to_ssm(16, decay=0.99)
         r = layer.rpe_values(16)
         bound = 0.99 ** jnp.arange(16, 64) * jnp.abs(r).sum(0).max()
         assert bool(jnp.all(jnp.abs(conv.kernel(64)[:, 16:]) <= 1.001 * bound))
+
+
+def test_long_convolution_bad_input_names_the_argument():
+    with pytest.raises(ValueError, match="kernel_length"):
+        SGConvLayer(4, 16, rngs=nnx.Rngs(0), kernel_length=0)
+    with pytest.raises(ValueError, match="h"):
+        TNNLayer(4, 16, rngs=nnx.Rngs(0)).to_ssm(0)
+    b = etsc(kernel(8, 4))[1]
+    with pytest.raises(ValueError, match="b"):
+        ETSCLayer(b[:, 0], jnp.ones(4))
+    with pytest.raises(ValueError, match="D"):
+        ETSCLayer(b, jnp.ones(3))
+    with pytest.raises(ValueError, match="init_cache"):
+        ETSCLayer(b, jnp.ones(4)).step(jnp.zeros((2, 4)))

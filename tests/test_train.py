@@ -19,7 +19,7 @@ from annotated_s4 import S4DLayer, S4Layer, SSMLayer, StackedModel
 from annotated_s4.attention import CausalSelfAttention
 from annotated_s4.gru import GRULayer
 from annotated_s4.h3 import H3Layer
-from annotated_s4.toeplitz import SGConvLayer, TNNLayer, ToeplitzLayer
+from annotated_s4.longconv import SGConvLayer, TNNLayer, ToeplitzLayer
 
 TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model", "8",
         "--state-size", "4", "--batch-size", "16", "--lr", "1e-2", "--log-every", "100"]
