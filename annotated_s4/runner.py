@@ -19,7 +19,7 @@ from .checkpoint import (CHECKPOINT, load_checkpoint, read_checkpoint_info, read
 from .config import RunConfig
 from .registry import (build_model, build_optimizer, count_params, load_dataset, resolve,
                        test_metrics)
-from .train import evaluate, fit, make_mesh
+from .train import evaluate, fit, make_mesh, seconds_per_step
 
 __all__ = ["run", "config_of", "read_config", "load_run", "evaluate_run"]
 
@@ -75,7 +75,7 @@ def run(config, log=print, devices=None, extra_metrics=None):
     metrics = {**test_metrics(history["eval"][-1], data),
                **(extra_metrics(config, data, model) if extra_metrics else {}),
                "steps": config.steps, "parameters": n_params, "devices": n_dev,
-               "seconds_per_step": history.pop("seconds_per_step"),
+               "seconds_per_step": seconds_per_step(history),
                "wall_seconds": time.perf_counter() - start}
     log("final  " + "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                               for k, v in metrics.items()))

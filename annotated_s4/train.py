@@ -26,7 +26,7 @@ from .models import eval_mode
 
 __all__ = [
     "loss_fn", "make_optimizer", "train_step", "evaluate",
-    "make_mesh", "shard_batch", "replicate", "batch_indices", "fit",
+    "make_mesh", "shard_batch", "replicate", "batch_indices", "fit", "seconds_per_step",
 ]
 
 
@@ -165,10 +165,10 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
         log=print, log_every=0, optimizer=None, mesh=None, history=None, on_step=None):
     """Train `model` for `steps` steps (the batch of step s: `batch_indices(seed, s, ...)`).
 
-    Returns the history: "step" and "train_loss" for every step; "eval", dicts
-    of step, loss and accuracy on the test split every `eval_every` steps and at
-    the end; "seconds_per_step", timed over the steps after the first (which
-    compiles), evaluations excluded. To resume, pass the restored `optimizer`
+    Returns the history: "step", "train_loss" and "seconds" (the step's wall
+    time, evaluations excluded) for every step; "eval", dicts of step, loss and
+    accuracy on the test split every `eval_every` steps and at the end
+    (`seconds_per_step(history)` summarises the timing). To resume, pass the restored `optimizer`
     and the saved `history`. With a `mesh`, batches are split over its devices
     (model and optimizer replicated first). `on_step(step, history)` runs after
     every step (checkpointing, pre-emption).
@@ -180,25 +180,23 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     if mesh is not None:
         replicate(mesh, model, optimizer)
     put = jnp.asarray if mesh is None else functools.partial(shard_batch, mesh)
-    history = history or {"step": [], "train_loss": [], "eval": []}
+    history = history or {"step": [], "train_loss": [], "seconds": [], "eval": []}
     log = log or (lambda *_: None)
     model.train()
     first = history["step"][-1] + 1 if history["step"] else 1
-    seconds = 0.0
     for step in range(first, steps + 1):
         idx = batch_indices(seed, step, len(x_train), batch_size)
         start = time.perf_counter()
         loss, acc = train_step(model, optimizer, put(x_train[idx]),
                                None if y_train is None else put(y_train[idx]))
         loss = float(loss)  # waits for the step to finish
-        if step > first:  # the first step compiles: time the others
-            seconds += time.perf_counter() - start
         checks.finite_loss(loss, step, lr)
         history["step"].append(step)
         history["train_loss"].append(loss)
+        history["seconds"].append(time.perf_counter() - start)
         if log_every and (step % log_every == 0 or step == steps):
             log(f"step {step:6d}/{steps}  loss {loss:.4f}  acc {float(acc):.3f}  "
-                f"{1e3 * seconds / max(step - first, 1):.1f} ms/step")
+                f"{1e3 * seconds_per_step(history):.1f} ms/step")
         if x_test is not None and (step == steps or (eval_every and step % eval_every == 0)):
             metrics = evaluate(model, x_test, y_test, mesh=mesh)
             history["eval"].append({"step": step, **metrics})
@@ -206,6 +204,11 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
                 f"test acc {metrics['accuracy']:.4f}")
         if on_step is not None:
             on_step(step, history)
-    history["seconds_per_step"] = seconds / max(steps - first, 1)
     return history
+
+
+def seconds_per_step(history):
+    """The median wall time of a training step in `history` (from `fit`): the
+    median leaves out the first step of a process, which compiles."""
+    return float(np.median(history["seconds"])) if history.get("seconds") else float("nan")
 
