@@ -28,13 +28,13 @@ def test_the_runs_are_committed_with_their_files():
             assert "paths" in ckpt.files
 
 
-# Chapter 6 (its three pages) re-evaluates every sequential-MNIST run from its
+# Chapter 6 (the three pages that report runs) re-evaluates every sequential-MNIST run from its
 # checkpoint and asserts that it reproduces its recorded metrics, and `make test`
 # executes the chapter; evaluating them here as well would double the most
 # expensive evaluations of the suite (784 steps over 1,000 held-out digits each).
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAPTER_6 = [os.path.join(ROOT, "book", page)
-             for page in ("06_s4_in_practice.md", "06b_memory.md", "06c_generation.md")]
+             for page in ("06a_sequential_mnist.md", "06b_memory.md", "06c_generation.md")]
 
 
 def _checked_by_chapter_6(name):
