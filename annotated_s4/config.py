@@ -51,6 +51,9 @@ class RunConfig:
                                "(default), random (HiPPO's scale, random frequencies) or "
                                "gaussian (a random Gaussian matrix in NPLR form, the S4 "
                                "paper's ablation); for s4d, lin (default) or inv", _MODEL)
+    b_clip: float | None = _option(None, "s4 only: clip the imaginary part of B (in the "
+                                   "DPLR basis) to +-B_CLIP at initialisation, as the S4 "
+                                   "authors' code does (B_clip = 2)", _MODEL)
     independent: bool = _option(False, "s4 only: every channel its own Lambda, P, B (the S4 "
                                 "paper's layer) instead of one copy shared by the channels",
                                 _MODEL)
@@ -105,6 +108,10 @@ class RunConfig:
         if self.init is not None and self.init not in inits.get(self.layer, ()):
             raise ValueError(f"--init {self.init} does not apply to --layer {self.layer} "
                              f"(choices: {', '.join(f'{k}: {v}' for k, v in inits.items())})")
+        if self.b_clip is not None:
+            checks.number(self.b_clip, "--b-clip", low=0.0, low_open=True)
+            if self.layer != "s4":
+                raise ValueError(f"--b-clip applies to --layer s4 only, not {self.layer}")
         if self.independent and self.layer != "s4":
             raise ValueError(f"--independent applies to --layer s4 only, not {self.layer}")
         if self.resume and not self.out:

@@ -203,10 +203,12 @@ class S4Layer(nnx.Module):
     (`kernel_DPLR(..., conj=True)`); N must be even.
 
     Parameters: Lambda, P, B of the DPLR HiPPO (init="hippo"; init="random"
-    draws them with `random_DPLR_like`, init="gaussian" with `random_NPLR`), by default ONE copy shared by the H
-    channels (this book's choice; sharing stores N/2 instead of H x N/2 of
-    each); shared=False gives every channel its own copy, all starting equal,
-    as the S4 paper and the Annotated S4 do. One C~ (the kernel's
+    draws them with `random_DPLR_like`, init="gaussian" with `random_NPLR`),
+    by default ONE copy shared by the H channels (this book's choice; sharing
+    stores N/2 instead of H x N/2 of each); shared=False gives every channel
+    its own copy, all starting equal, as the S4 paper and the Annotated S4 do.
+    b_clip clips Im B to [-b_clip, b_clip] at initialisation (the S4 authors'
+    code does, with 2; the default None keeps HiPPO's B). One C~ (the kernel's
     C (I - Ab^L)), D and log step per channel, so every channel reads the
     HiPPO memory at its own time-scale through its own output vector. The
     Cauchy matrix still depends on the channel's step
@@ -222,7 +224,7 @@ class S4Layer(nnx.Module):
     """
 
     def __init__(self, H, N, L, *, rngs: nnx.Rngs, init="hippo", dt_min=0.001, dt_max=0.1,
-                 shared=True):
+                 shared=True, b_clip=None):
         checks.positive_int(H, "H"), checks.even_int(N, "N"), checks.positive_int(L, "L")
         checks.choice(init, "init", S4_INITS), checks.flag(shared, "shared")
         self.H, self.N, self.L, self.shared = H, N, L, shared
@@ -231,6 +233,9 @@ class S4Layer(nnx.Module):
             Lambda, P, B = random_DPLR_like(rngs.params(), Lambda, P, B)
         elif init == "gaussian":
             Lambda, P, B = random_NPLR(rngs.params(), N)
+        if b_clip is not None:  # Im B to [-b_clip, b_clip], as the S4 authors' code does
+            b_clip = checks.positive(b_clip, "b_clip")
+            B = B.real + 1j * jnp.clip(B.imag, -b_clip, b_clip)
         if not shared:  # one copy per channel: (H, N/2) each
             Lambda, P, B = (jnp.broadcast_to(z, (H, N // 2)) for z in (Lambda, P, B))
         dtype = _float_dtype()

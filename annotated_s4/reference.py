@@ -153,6 +153,18 @@ def _memory_layers(L):
 
 RUNS.update({f"memory{L}-{layer}": _MEMORY + ["--seq-len", str(L)] + options
              for L in MEMORY_LENGTHS for layer, options in _memory_layers(L).items()})
+# HiPPO's S4 at L = 1024, where it stays at chance, varied one thing at a
+# time: another seed; its steps scaled to the length as the Part I layer's
+# are (two seeds); Im B clipped to +-2 as in the S4 authors' code; and four
+# times the steps.
+_SCALED_STEPS = _memory_layers(1024)["ssm"][2:]
+RUNS.update({
+    "memory1024-s4-seed1": RUNS["memory1024-s4"] + ["--seed", "1"],
+    "memory1024-s4-dtL": RUNS["memory1024-s4"] + _SCALED_STEPS,
+    "memory1024-s4-dtL-seed1": RUNS["memory1024-s4"] + _SCALED_STEPS + ["--seed", "1"],
+    "memory1024-s4-bclip": RUNS["memory1024-s4"] + ["--b-clip", "2"],
+    "memory1024-s4-long": [{"1000": "4000"}.get(a, a) for a in RUNS["memory1024-s4"]],
+})
 
 
 def run_dir(name, root=None):

@@ -169,8 +169,9 @@ def _ssm_layer(config, L):
 def _s4_layer(config, L):
     from .layers import S4Layer
 
+    clip = {} if config.b_clip is None else {"b_clip": config.b_clip}
     return functools.partial(S4Layer, N=config.state_size, L=L, shared=not config.independent,
-                             **_steps(config), **_init(config))
+                             **_steps(config), **_init(config), **clip)
 
 
 def _s4d_layer(config, L):

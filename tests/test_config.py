@@ -65,3 +65,11 @@ def test_unknown_names_and_dataset_sizes_are_resolved_by_the_registry():
         registry.resolve(RunConfig(dataset="charlm", vocab_size=5))
     resolved = registry.resolve(RunConfig(dataset="induction-head"))
     assert (resolved.seq_len, resolved.vocab_size) == registry.RECALL_DEFAULTS["induction-head"]
+
+
+def test_b_clip_applies_to_s4_only():
+    assert RunConfig(layer="s4", b_clip=2.0).check().b_clip == 2.0
+    with pytest.raises(ValueError, match="--b-clip"):
+        RunConfig(layer="s4d", b_clip=2.0).check()
+    with pytest.raises(ValueError, match="--b-clip"):
+        RunConfig(layer="s4", b_clip=-1.0).check()

@@ -326,3 +326,14 @@ def test_random_DPLR_keeps_the_scale_of_hippo_but_not_its_structure():
     assert not np.allclose(np.abs(rP), np.abs(P), rtol=0.1)
     with pytest.raises(ValueError, match="init"):
         S4Layer(4, 8, 16, rngs=nnx.Rngs(0), init="legs")
+
+
+def test_s4_b_clip_clips_the_imaginary_part_of_B_only():
+    hippo = S4Layer(4, 16, 32, rngs=nnx.Rngs(0))
+    clipped = S4Layer(4, 16, 32, rngs=nnx.Rngs(0), b_clip=2.0)
+    B, B_clip = hippo.ssm_params()[2], clipped.ssm_params()[2]
+    assert float(jnp.abs(B.imag).max()) > 2.0
+    np.testing.assert_allclose(B_clip.real, B.real)
+    np.testing.assert_allclose(B_clip.imag, jnp.clip(B.imag, -2.0, 2.0))
+    with pytest.raises(ValueError, match="b_clip"):
+        S4Layer(4, 16, 32, rngs=nnx.Rngs(0), b_clip=0.0)
