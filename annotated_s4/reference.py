@@ -164,6 +164,8 @@ RUNS.update({
     "memory1024-s4-dtL-seed1": RUNS["memory1024-s4"] + _SCALED_STEPS + ["--seed", "1"],
     "memory1024-s4-bclip": RUNS["memory1024-s4"] + ["--b-clip", "2"],
     "memory1024-s4-long": [{"1000": "4000"}.get(a, a) for a in RUNS["memory1024-s4"]],
+    # and at L = 4096, where no layer learned: S4D with its steps scaled to L
+    "memory4096-s4d-dtL": RUNS["memory4096-s4d"] + _memory_layers(4096)["ssm"][2:],
 })
 
 
