@@ -19,7 +19,7 @@ from flax import nnx
 from . import _checks as checks
 from .decoders import SSMDecoder
 from .ssm import causal_convolution
-from .toeplitz import etsc, etsc_kernel
+from .toeplitz import decay_powers, etsc, etsc_kernel
 
 __all__ = ["ToeplitzLayer", "TNNLayer", "SGConvLayer", "ETSCLayer"]
 
@@ -115,8 +115,7 @@ class TNNLayer(_LongConvolution):
 
     def kernel(self, L):
         """t_i = gamma^i RPE(i), i < L: (H, L)."""
-        decay = jnp.asarray(np.float64(self.gamma) ** np.arange(L), jnp.float32)
-        return (self.rpe_values(L) * decay[:, None]).T
+        return (self.rpe_values(L) * decay_powers(self.gamma, L, jnp.float32)[:, None]).T
 
 
 class SGConvLayer(_LongConvolution):

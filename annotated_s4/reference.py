@@ -144,11 +144,16 @@ _MEMORY = ["--dataset", "delayed-recall", "--d-model", "32", "--batch-size", "32
            "--steps", "1000", "--eval-every", "200", "--log-every", "100"]
 
 
+def _scaled_steps(L):
+    """Initial steps between 0.1/L and 1/L: time-scales up to the length L."""
+    return ["--dt-min", f"{0.1 / L:.3g}", "--dt-max", f"{1 / L:.3g}"]
+
+
 def _memory_layers(L):
     return {"s4": ["--layer", "s4"], "s4-independent": ["--layer", "s4", "--independent"],
             "s4-random": ["--layer", "s4", "--init", "random"],
             "s4d": ["--layer", "s4d"],
-            "ssm": ["--layer", "ssm", "--dt-min", f"{0.1 / L:.3g}", "--dt-max", f"{1 / L:.3g}"]}
+            "ssm": ["--layer", "ssm"] + _scaled_steps(L)}
 
 
 RUNS.update({f"memory{L}-{layer}": _MEMORY + ["--seq-len", str(L)] + options
@@ -157,15 +162,14 @@ RUNS.update({f"memory{L}-{layer}": _MEMORY + ["--seq-len", str(L)] + options
 # time: another seed; its steps scaled to the length as the Part I layer's
 # are (two seeds); Im B clipped to +-2 as in the S4 authors' code; and four
 # times the steps.
-_SCALED_STEPS = _memory_layers(1024)["ssm"][2:]
 RUNS.update({
     "memory1024-s4-seed1": RUNS["memory1024-s4"] + ["--seed", "1"],
-    "memory1024-s4-dtL": RUNS["memory1024-s4"] + _SCALED_STEPS,
-    "memory1024-s4-dtL-seed1": RUNS["memory1024-s4"] + _SCALED_STEPS + ["--seed", "1"],
+    "memory1024-s4-dtL": RUNS["memory1024-s4"] + _scaled_steps(1024),
+    "memory1024-s4-dtL-seed1": RUNS["memory1024-s4"] + _scaled_steps(1024) + ["--seed", "1"],
     "memory1024-s4-bclip": RUNS["memory1024-s4"] + ["--b-clip", "2"],
     "memory1024-s4-long": [{"1000": "4000"}.get(a, a) for a in RUNS["memory1024-s4"]],
     # and at L = 4096, where no layer learned: S4D with its steps scaled to L
-    "memory4096-s4d-dtL": RUNS["memory4096-s4d"] + _memory_layers(4096)["ssm"][2:],
+    "memory4096-s4d-dtL": RUNS["memory4096-s4d"] + _scaled_steps(4096),
 })
 
 

@@ -41,7 +41,7 @@ def roots_of_unity(N, dtype):
     return jnp.asarray(np.exp(2j * np.pi * np.arange(N) / N), dtype)
 
 
-def _powers(gamma, n, dtype):
+def decay_powers(gamma, n, dtype):
     """gamma^i, i = 0..n-1, in float64 then rounded once to `dtype`."""
     return jnp.asarray(np.float64(gamma) ** np.arange(n), dtype)
 
@@ -77,7 +77,7 @@ def etsc(t, decay=None, half=False):
     t, gamma = checks.decayed_kernel(t, decay)
     n, N = t.shape[0], t.shape[0] + 1
     if gamma is not None:  # r_i = t_i / gamma^i
-        t = t / _powers(gamma, n, t.dtype).reshape((n,) + (1,) * (t.ndim - 1))
+        t = t / decay_powers(gamma, n, t.dtype).reshape((n,) + (1,) * (t.ndim - 1))
     m = t.mean(axis=0, keepdims=True)
     r = t - m
     r_bar = jnp.concatenate([r, -r.sum(axis=0, keepdims=True)], axis=0)  # sums to 0
@@ -175,7 +175,7 @@ def etsc_kernel(b, n, N=None, decay=None):
     period = period - c * jnp.where(jnp.arange(N) < N - 1, 1.0, 1.0 - N)[:, None]
     out = period[jnp.arange(n) % N]
     if decay is not None:
-        out = out * _powers(decay, n, out.dtype)[:, None]
+        out = out * decay_powers(decay, n, out.dtype)[:, None]
     return out if b.ndim == 2 else out[:, 0]
 
 
