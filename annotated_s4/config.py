@@ -75,6 +75,9 @@ class RunConfig:
                             "P, B, log step), trained without weight decay (S4's recipe); 0: "
                             "train them like every other parameter", _TRAINING)
     weight_decay: float = _option(0.01, "AdamW weight decay", _TRAINING)
+    ssm_weight_decay: float = _option(0.0, "AdamW weight decay of the state-space parameters "
+                                      "when they have their own group (--ssm-lr above 0); "
+                                      "S4's recipe: 0", _TRAINING)
     dropout: float = _option(0.0, "dropout rate in every block", _TRAINING)
     seed: int = _option(0, "model init and batch order", _TRAINING)
     eval_every: int = _option(0, "evaluate on the test split every this many steps (0: at "
@@ -101,6 +104,10 @@ class RunConfig:
         checks.number(self.weight_decay, "--weight-decay", low=0.0)
         checks.number(self.lr, "--lr", low=0.0, low_open=True)
         checks.number(self.ssm_lr, "--ssm-lr", low=0.0)
+        checks.number(self.ssm_weight_decay, "--ssm-weight-decay", low=0.0)
+        if self.ssm_weight_decay and not self.ssm_lr:
+            raise ValueError("--ssm-weight-decay needs --ssm-lr above 0 (with --ssm-lr 0 every "
+                             "parameter trains with --weight-decay)")
         checks.number(self.dropout, "--dropout", low=0.0, high=1.0, high_open=True)
         checks.number(self.dt_min, "--dt-min", low=0.0, low_open=True)
         checks.number(self.dt_max, "--dt-max", low=self.dt_min)

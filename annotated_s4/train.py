@@ -25,7 +25,7 @@ from .layers import SSMParam
 from .models import eval_mode
 
 __all__ = [
-    "loss_fn", "make_optimizer", "train_step", "evaluate",
+    "loss_fn", "lr_schedule", "make_optimizer", "train_step", "evaluate",
     "make_mesh", "shard_batch", "replicate", "batch_indices", "fit", "seconds_per_step",
 ]
 
@@ -57,26 +57,33 @@ def _param_groups(model):
     return lambda params: jax.tree_util.tree_map_with_path(label, params)
 
 
-def make_optimizer(model, lr=1e-3, weight_decay=0.01, steps=1000, warmup=0, ssm_lr=None):
+def lr_schedule(peak, steps, warmup=0):
+    """The learning rate at each step: a linear warm-up over `warmup` steps
+    (if any) to `peak`, then a cosine decay to 1% of `peak` at step `steps`."""
+    return optax.warmup_cosine_decay_schedule(
+        0.0 if warmup else peak, peak, max(warmup, 1), max(steps, warmup + 2), peak * 0.01)
+
+
+def make_optimizer(model, lr=1e-3, weight_decay=0.01, steps=1000, warmup=0, ssm_lr=None,
+                   ssm_weight_decay=0.0):
     """AdamW with a cosine schedule (optional linear warm-up), gradients clipped
     to global norm 1.
 
     With `ssm_lr`, the S4 paper's recipe: the state-space parameters
-    (declared `SSMParam` by the layers) train at the learning rate `ssm_lr` with no weight decay,
-    every other parameter at `lr` with `weight_decay`. Decay would pull
-    log(Delta) and the eigenvalues' log(-Re Lambda) toward 0, that is, toward a
-    step of 1 and a decay rate of 1, whatever the data asks for.
+    (declared `SSMParam` by the layers) train at the learning rate `ssm_lr` with
+    `ssm_weight_decay` (the recipe's 0), every other parameter at `lr` with
+    `weight_decay`. Decay would pull log(Delta) and the eigenvalues'
+    log(-Re Lambda) toward 0, that is, toward a step of 1 and a decay rate of
+    1, whatever the data asks for.
     """
     def adamw(peak, decay):
-        schedule = optax.warmup_cosine_decay_schedule(
-            0.0 if warmup else peak, peak, max(warmup, 1), max(steps, warmup + 2), peak * 0.01)
-        return optax.adamw(schedule, weight_decay=decay)
+        return optax.adamw(lr_schedule(peak, steps, warmup), weight_decay=decay)
 
     if ssm_lr is None:
         tx = adamw(lr, weight_decay)
     else:
-        tx = optax.multi_transform({"ssm": adamw(ssm_lr, 0.0), "rest": adamw(lr, weight_decay)},
-                                   _param_groups(model))
+        tx = optax.multi_transform({"ssm": adamw(ssm_lr, ssm_weight_decay),
+                                    "rest": adamw(lr, weight_decay)}, _param_groups(model))
     return nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), tx), wrt=nnx.Param)
 
 

@@ -126,6 +126,14 @@ def test_ssm_params_get_their_own_rate_and_no_decay():
     grads = jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
     opt.update(model, grads)
     np.testing.assert_array_equal(seq.log_step[...], before)
+    # With ssm_weight_decay, the same zero-gradient step shrinks them by lr * decay.
+    opt = train.make_optimizer(model, lr=1e-1, weight_decay=0.0, steps=10, ssm_lr=1e-1,
+                               ssm_weight_decay=0.5)
+    opt.update(model, grads)
+    np.testing.assert_allclose(seq.log_step[...], before * (1 - 1e-1 * 0.5), rtol=1e-6)
+    with pytest.raises(ValueError, match="--ssm-weight-decay"):
+        runner.run(_args(["--steps", "1", "--ssm-lr", "0", "--ssm-weight-decay", "0.1"]),
+                   log=None)
     with pytest.raises(ValueError, match="--ssm-lr"):
         runner.run(_args(["--steps", "1", "--ssm-lr", "-1"]), log=None)
 
