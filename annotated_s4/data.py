@@ -1,4 +1,5 @@
-"""Datasets that are real and install offline, plus generated tasks.
+"""Datasets that are real and install offline (the generated recall tasks are
+in `annotated_s4.tasks`).
 
 * `load_digits_sequences`: the 8x8 handwritten digits that ship with
   scikit-learn (1,797 images, 17 grey levels), read pixel by pixel as
@@ -44,9 +45,6 @@ __all__ = [
     "fetch",
     "read_idx",
     "load_mnist",
-    "induction_head",
-    "associative_recall",
-    "delayed_recall",
 ]
 
 DIGIT_LEVELS = 17  # the sklearn digits take the integer values 0..16
@@ -219,95 +217,6 @@ def text_windows(ids, n, L, rng):
         raise ValueError(f"the text ({len(ids)} characters) must be longer than L = {L}")
     starts = rng.integers(0, len(ids) - L, size=n)
     return np.stack([ids[s:s + L] for s in starts])
-
-
-# --- Synthetic recall tasks (H3, chapter 7) ----------------------------------
-#
-# Both tasks are sequences of integer tokens whose last token is the answer:
-# the model reads x = the first seq_len - 1 tokens and must predict y, the
-# token at position seq_len - 1. Accuracy is measured on that position only.
-
-
-def _check_task_args(n, seq_len, vocab_size, min_len, min_vocab):
-    for name, value in (("n", n), ("seq_len", seq_len), ("vocab_size", vocab_size)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if n < 1:
-        raise ValueError(f"n must be positive, got {n}")
-    if seq_len < min_len:
-        raise ValueError(f"seq_len must be at least {min_len}, got {seq_len}")
-    if vocab_size < min_vocab:
-        raise ValueError(f"vocab_size must be at least {min_vocab}, got {vocab_size}")
-
-
-def induction_head(rng, n, seq_len=30, vocab_size=20):
-    """Induction-head sequences: after the special token, recall what followed it.
-
-    Token ``vocab_size - 1`` is the special token; the other tokens are drawn
-    uniformly from 0..vocab_size-2. The special token appears exactly twice:
-    once at a random position p followed by the token y = x[p + 1], and once
-    at the very end of x. The answer is y.
-
-    Returns (x, y): x int32 of shape (n, seq_len - 1), y int32 of shape (n,).
-    """
-    _check_task_args(n, seq_len, vocab_size, 4, 3)
-    special = vocab_size - 1
-    x = rng.integers(0, special, size=(n, seq_len - 1))
-    p = rng.integers(0, seq_len - 3, size=n)  # x[p + 1] lies before the final special
-    rows = np.arange(n)
-    x[rows, p] = special
-    x[:, -1] = special
-    y = x[rows, p + 1]
-    return x.astype(np.int32), y.astype(np.int32)
-
-
-def delayed_recall(rng, n, seq_len=256, vocab_size=16):
-    """Remember the first token across the whole sequence.
-
-    x[0] is one of the vocab_size // 2 *signal* tokens 0..vocab_size//2 - 1;
-    the other tokens are *noise*, drawn from the remaining tokens. The answer
-    is x[0], asked for after seq_len - 1 tokens: a model that reads causally
-    must carry one token through its state for the whole length, and chance
-    is 1 / (vocab_size // 2).
-
-    Returns (x, y): x int32 of shape (n, seq_len - 1), y int32 of shape (n,).
-    """
-    _check_task_args(n, seq_len, vocab_size, 3, 4)
-    n_signals = vocab_size // 2
-    x = rng.integers(n_signals, vocab_size, size=(n, seq_len - 1))
-    x[:, 0] = rng.integers(0, n_signals, size=n)
-    x = x.astype(np.int32)
-    return x, x[:, 0].copy()
-
-
-def associative_recall(rng, n, seq_len=20, vocab_size=10):
-    """Associative-recall sequences: key-value pairs, then a key; answer its value.
-
-    Keys are the tokens 0..vocab_size//2 - 1, values the rest. Each sequence
-    draws its own random map from keys to values, then (seq_len - 2) // 2
-    pairs (key, value of that key) with keys drawn with replacement, then a
-    query key that occurred among the pairs. The answer is its value, so the
-    whole sequence (x, y) is seq_len tokens long: "a 2 c 4 b 3 d 1 a -> 2".
-
-    Returns (x, y): x int32 of shape (n, seq_len - 1), y int32 of shape (n,).
-    """
-    _check_task_args(n, seq_len, vocab_size, 4, 4)
-    if seq_len % 2:
-        raise ValueError(f"seq_len must be even (pairs, a query and its answer), got {seq_len}")
-    n_keys = vocab_size // 2
-    n_values = vocab_size - n_keys
-    n_pairs = (seq_len - 2) // 2
-    mapping = rng.integers(0, n_values, size=(n, n_keys)) + n_keys  # key -> value token
-    keys = rng.integers(0, n_keys, size=(n, n_pairs))
-    rows = np.arange(n)[:, None]
-    values = mapping[rows, keys]
-    x = np.empty((n, seq_len - 1), dtype=np.int64)
-    x[:, 0:-1:2] = keys
-    x[:, 1:-1:2] = values
-    query = keys[np.arange(n), rng.integers(0, n_pairs, size=n)]
-    x[:, -1] = query
-    y = mapping[np.arange(n), query]
-    return x.astype(np.int32), y.astype(np.int32)
 
 
 # --- MNIST, for readers with a network (Colab) ---------------------------------

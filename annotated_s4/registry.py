@@ -101,9 +101,9 @@ def _recall(name):
     the label is the final token; the model reads the sequence causally and
     is scored there only."""
     def load(config):
-        from . import data as d
+        from . import tasks
 
-        gen = getattr(d, name)
+        gen = getattr(tasks, name)
         x_train, y_train = gen(np.random.default_rng(config.seed_data), 5000,
                                seq_len=config.seq_len, vocab_size=config.vocab_size)
         x_test, y_test = gen(np.random.default_rng(config.seed_data + 1), 512,

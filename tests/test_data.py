@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from annotated_s4 import data
-from annotated_s4.data import associative_recall, delayed_recall, induction_head
+from annotated_s4.tasks import associative_recall, delayed_recall, induction_head
 
 
 # --- digits -------------------------------------------------------------------
@@ -303,7 +303,7 @@ def test_tasks_are_deterministic():
 @pytest.mark.parametrize("gen", [induction_head, associative_recall, delayed_recall])
 def test_task_bad_arguments(gen):
     rng = np.random.default_rng(0)
-    with pytest.raises(ValueError, match="n must be positive"):
+    with pytest.raises(ValueError, match="n must be a positive int"):
         gen(rng, 0)
     with pytest.raises(ValueError, match="seq_len"):
         gen(rng, 4, seq_len=2)

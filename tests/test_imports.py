@@ -12,8 +12,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "annotated_s4"
 # The reading order: the math, the layers, models and training, the modules
 # beside them, the experiment side, the command line.
 CHAIN = ["_checks", "ssm", "hippo", "s4", "toeplitz", "decoders", "layers", "h3", "attention",
-         "gru", "longconv", "models", "train", "sample", "checkpoint", "data", "timing", "plotting",
-         "config", "registry", "runner", "reference", "cli", "__main__"]
+         "gru", "longconv", "models", "train", "sample", "checkpoint", "data", "tasks", "timing",
+         "plotting", "config", "registry", "runner", "reference", "cli", "__main__"]
 # The package's namespace re-exports the library, never the runner.
 LIBRARY_END = "models"
 
