@@ -1,6 +1,7 @@
 """The committed reference runs: each is re-evaluated from its checkpoint and
-must reproduce its recorded metrics (here, or for the sequential-MNIST runs in
-chapter 6, which `make test` executes); one is replayed from its config."""
+must reproduce its recorded metrics (here, or for the sequential-MNIST runs and
+the language models on the pages that report them, which `make test` executes);
+one is replayed from its config."""
 
 import functools
 import json
@@ -28,33 +29,50 @@ def test_the_runs_are_committed_with_their_files():
             assert "paths" in ckpt.files
 
 
-# Chapter 6 (the three pages that report runs) re-evaluates every sequential-MNIST run from its
-# checkpoint and asserts that it reproduces its recorded metrics, and `make test`
-# executes the chapter; evaluating them here as well would double the most
-# expensive evaluations of the suite (784 steps over 1,000 held-out digits each).
+# The pages that report the most expensive runs re-evaluate each of them from its
+# checkpoint and assert that it reproduces its recorded metrics, and `make test`
+# executes the pages; evaluating them here as well would double the most
+# expensive evaluations of the suite (784 steps over 1,000 held-out digits for
+# each sequential-MNIST run, held-out text for each language model). Here: the
+# pages, and which runs they must re-evaluate (named in their code).
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHAPTER_6 = [os.path.join(ROOT, "book", page)
-             for page in ("06a_sequential_mnist.md", "06b_memory.md", "06c_generation.md")]
+RE_EVALUATED_BY_PAGES = {
+    ("06a_sequential_mnist.md", "06b_memory.md", "06c_generation.md"):
+        lambda name: reference.RUNS[name][1] in ("mnist-small", "mnist-small-gen"),
+    ("07c_language_model.md",):
+        lambda name: name.startswith("charlm-"),
+}
 
 
-def _checked_by_chapter_6(name):
-    return reference.RUNS[name][1] in ("mnist-small", "mnist-small-gen")
+def _checked_by_a_page(name):
+    return any(runs(name) for runs in RE_EVALUATED_BY_PAGES.values())
 
 
-def test_chapter_6_re_evaluates_every_mnist_run():
+def _code(page):
+    with open(os.path.join(ROOT, "book", page)) as f:
+        return "".join(re.findall(r"^```\{code-cell\}.*?^```$", f.read(), re.S | re.M))
+
+
+@pytest.mark.parametrize("pages", list(RE_EVALUATED_BY_PAGES), ids=lambda p: p[0])
+def test_the_pages_re_evaluate_their_runs(pages):
     code = ""
-    for page in CHAPTER_6:
-        with open(page) as f:
-            page_code = "".join(re.findall(r"^```\{code-cell\}.*?^```$", f.read(), re.S | re.M))
+    for page in pages:
+        page_code = _code(page)
         assert "reference.compare(" in page_code, page   # each page compares what it re-evaluates
         code += page_code
-    names = [n for n in reference.available() if _checked_by_chapter_6(n)]
-    assert "mnist-s4" in names and "mnist-gen-s4" in names
+    names = [n for n in reference.available() if RE_EVALUATED_BY_PAGES[pages](n)]
+    assert len(names) >= 2
     missing = [n for n in names if f'"{n}"' not in code]
-    assert not missing, f"add {missing} to chapter 6's re-evaluated runs"
+    assert not missing, f"add {missing} to the runs that {pages} re-evaluate"
 
 
-@pytest.mark.parametrize("name", [n for n in reference.available() if not _checked_by_chapter_6(n)])
+def test_chapter_6_reports_the_sequential_mnist_runs():
+    names = reference.available()
+    assert "mnist-s4" in names and "mnist-gen-s4" in names
+    assert _checked_by_a_page("mnist-s4") and not _checked_by_a_page("digits64-s4")
+
+
+@pytest.mark.parametrize("name", [n for n in reference.available() if not _checked_by_a_page(n)])
 def test_reference_run_reproduces_its_metrics(name):
     failed = reference.check([name], log=lambda *_: None)
     assert not failed, (f"{name}: the code no longer reproduces {failed}; if the change "
