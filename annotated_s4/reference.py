@@ -160,8 +160,12 @@ RUNS.update({f"{task}-{layer}-seed{seed}": RUNS[f"{task}-{layer}"]
 # steps. The Part I SSM's steps are scaled to the length (between 0.1/L and
 # 1/L): with S4's range its random A makes Ab^L overflow.
 MEMORY_LENGTHS = (64, 256, 1024, 4096)
-_MEMORY = ["--dataset", "delayed-recall", "--d-model", "32", "--batch-size", "32",
-           "--steps", "1000", "--eval-every", "200", "--log-every", "100"]
+
+
+def _memory(L, steps=1000):
+    return ["--dataset", "delayed-recall", "--d-model", "32", "--batch-size", "32",
+            "--steps", str(steps), "--eval-every", "200", "--log-every", "100",
+            "--seq-len", str(L)]
 
 
 def _scaled_steps(L):
@@ -176,7 +180,7 @@ def _memory_layers(L):
             "ssm": ["--layer", "ssm"] + _scaled_steps(L)}
 
 
-RUNS.update({f"memory{L}-{layer}": _MEMORY + ["--seq-len", str(L)] + options
+RUNS.update({f"memory{L}-{layer}": _memory(L) + options
              for L in MEMORY_LENGTHS for layer, options in _memory_layers(L).items()})
 # HiPPO's S4 at L = 1024, where it stays at chance, varied one thing at a
 # time: another seed; its steps scaled to the length as the Part I layer's
@@ -187,7 +191,7 @@ RUNS.update({
     "memory1024-s4-dtL": RUNS["memory1024-s4"] + _scaled_steps(1024),
     "memory1024-s4-dtL-seed1": RUNS["memory1024-s4"] + _scaled_steps(1024) + ["--seed", "1"],
     "memory1024-s4-bclip": RUNS["memory1024-s4"] + ["--b-clip", "2"],
-    "memory1024-s4-long": [{"1000": "4000"}.get(a, a) for a in RUNS["memory1024-s4"]],
+    "memory1024-s4-long": _memory(1024, steps=4000) + _memory_layers(1024)["s4"],
     # and at L = 4096, where no layer learned: S4D with its steps scaled to L
     "memory4096-s4d-dtL": RUNS["memory4096-s4d"] + _scaled_steps(4096),
 })
