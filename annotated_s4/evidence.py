@@ -1,0 +1,85 @@
+"""Comparing trained classifiers as small experiments (chapter 6).
+
+A reference run is scored again with its answer for every held-out example
+(`reevaluate_classifier`); two models that answered the same examples are
+compared by McNemar's exact test on the examples where they disagree
+(`mcnemar`); and a difference counts as established only when it is larger
+than both the seeds' spread and the test set's noise (`verdict`).
+"""
+
+from __future__ import annotations
+
+from math import comb
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .models import eval_mode
+from .reference import compare, locate
+from .runner import load_run
+
+_forward = nnx.jit(lambda model, x: model(x))   # one compiled program per model and shape
+
+
+def log_probs(model, x, batch_size=250):
+    """A classifier's log-probabilities of its classes, (len(x), classes), for
+    each sequence of x, in eval mode (no dropout)."""
+    with eval_mode(model):
+        return np.concatenate([np.asarray(_forward(model, jnp.asarray(x[i:i + batch_size])))
+                               for i in range(0, len(x), batch_size)])
+
+
+def reevaluate_classifier(name):
+    """Reference run `name` scored again on its held-out examples: the run (its
+    config, history and recorded metrics), the recomputed metrics, and `right`,
+    which examples it names correctly. Raises if the recomputed metrics differ
+    from the recorded ones (the run must be re-made)."""
+    model, data, run = load_run(locate(name))
+    logp, y = log_probs(model, data["x_test"]), data["y_test"]
+    right = logp.argmax(-1) == y
+    metrics = {"test_loss": float(-logp[np.arange(len(y)), y].mean()),
+               "test_accuracy": float(right.mean())}
+    if compare(run["metrics"], metrics):
+        raise ValueError(f"{name}: the code no longer reproduces its recorded metrics "
+                         f"({run['metrics']['test_accuracy']:.4f} recorded, "
+                         f"{metrics['test_accuracy']:.4f} now); re-make it with "
+                         f"`make reference RUN={name}`")
+    return {**run, "recomputed": metrics, "right": right}
+
+
+def mcnemar(right_a, right_b):
+    """(b, c, p): the examples only A names correctly, only B, and the two-sided
+    p-value of McNemar's exact test, 2 P(X <= min(b, c)) for X ~ Binomial(b + c, 1/2)."""
+    right_a, right_b = np.asarray(right_a, bool), np.asarray(right_b, bool)
+    if right_a.shape != right_b.shape:
+        raise ValueError(f"the two models answered different examples: shapes "
+                         f"{right_a.shape} and {right_b.shape}")
+    b, c = int((right_a & ~right_b).sum()), int((~right_a & right_b).sum())
+    n = b + c
+    tail = sum(comb(n, k) for k in range(min(b, c) + 1))   # exact, in integers
+    return b, c, min(1.0, 2 * tail / 2 ** n)
+
+
+def mcnemar_pairings(pairings):
+    """McNemar's test on every pairing, given as (runs compared, A right,
+    B right): [(runs compared, b, c, p), ...]."""
+    return [(runs_compared, *mcnemar(a, b)) for runs_compared, a, b in pairings]
+
+
+def verdict(seeds_a, seeds_b, p, fixed_b=False):
+    """Whether a difference between A and B is established, and by what.
+    seeds_a, seeds_b: the accuracy of every seed; fixed_b: B is a
+    deterministic baseline (one value, no seeds); p: the largest McNemar
+    p-value over the pairings of runs."""
+    if p >= 0.05:
+        return "not established: within the test set's noise"
+    if len(seeds_a) < 2 or (len(seeds_b) < 2 and not fixed_b):
+        return "beyond the test set's noise; one seed, so the seeds' spread is unmeasured"
+    if fixed_b:
+        apart = min(seeds_a) > seeds_b[0] or max(seeds_a) < seeds_b[0]
+    else:
+        apart = abs(np.mean(seeds_a) - np.mean(seeds_b)) > max(np.ptp(seeds_a), np.ptp(seeds_b))
+    if apart:
+        return "established: larger than the seeds' spread and the test set's noise"
+    return "not established: within the seeds' spread"
