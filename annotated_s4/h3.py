@@ -89,34 +89,34 @@ def dft_matrix(n, dtype=None):
 
 
 def block_fft(x, n1):
-    """fft(x) along the last axis (length N = n1 n2) as two batches of small DFT
+    """fft(x) along the last axis (length n = n1 n2) as two batches of small DFT
     matrix products and one twiddle multiplication (Cooley-Tukey, one level).
 
-    Write the input index as m = n2 m1 + m2 and the
-    output index k = k1 + n1 k2 (m1, k1 < n1; m2, k2 < n2). Then
+    Write the input index as j = n2 j1 + j2 and the
+    output index k = k1 + n1 k2 (j1, k1 < n1; j2, k2 < n2). Then
 
-        X[k1 + n1 k2] = sum_m2 w_N^(k1 m2) [sum_m1 x[n2 m1 + m2] w_n1^(k1 m1)]
-                        w_n2^(m2 k2)
+        X[k1 + n1 k2] = sum_j2 w_n^(k1 j2) [sum_j1 x[n2 j1 + j2] w_n1^(k1 j1)]
+                        w_n2^(j2 k2)
 
     with w_M = exp(-2 pi i / M): reshape x to an (n1, n2) table, multiply by
     the n1 x n1 DFT matrix from the left (n2 DFTs of length n1), multiply
-    elementwise by the twiddle factors w_N^(k1 m2), multiply by the n2 x n2
+    elementwise by the twiddle factors w_n^(k1 j2), multiply by the n2 x n2
     DFT matrix from the right (n1 DFTs of length n2), and read the result out
-    column by column. Two matrix products of O(N (n1 + n2)) work: more
-    arithmetic than the FFT's O(N log N), but all of it in the form that a
+    column by column. Two matrix products of O(n (n1 + n2)) work: more
+    arithmetic than the FFT's O(n log n), but all of it in the form that a
     GPU's tensor cores (and FlashConv) run fastest.
     """
     x = checks.array(x, "x", kind="number")
     n1 = checks.positive_int(n1, "n1")
-    N = x.shape[-1] if x.ndim else 0
-    if x.ndim < 1 or N % n1:
+    n = x.shape[-1] if x.ndim else 0
+    if x.ndim < 1 or n % n1:
         raise ValueError(f"n1 must divide the length of x's last axis, got n1 = {n1}, "
                          f"x of shape {x.shape}")
-    n2 = N // n1
+    n2 = n // n1
     ctype = jnp.result_type(x.dtype, jnp.complex64)
-    table = x.reshape(*x.shape[:-1], n1, n2).astype(ctype)             # [m1, m2]
-    k1, m2 = jnp.arange(n1)[:, None], jnp.arange(n2)[None, :]
-    twiddle = jnp.exp(-2j * jnp.pi * ((k1 * m2) % N) / N).astype(ctype)
+    table = x.reshape(*x.shape[:-1], n1, n2).astype(ctype)             # [j1, j2]
+    k1, j2 = jnp.arange(n1)[:, None], jnp.arange(n2)[None, :]
+    twiddle = jnp.exp(-2j * jnp.pi * ((k1 * j2) % n) / n).astype(ctype)
     hi = jax.lax.Precision.HIGHEST
     A = jnp.einsum("km,...mj->...kj", dft_matrix(n1, ctype), table, precision=hi)
     B = jnp.einsum("...kj,jl->...kl", A * twiddle, dft_matrix(n2, ctype), precision=hi)
