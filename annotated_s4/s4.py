@@ -7,6 +7,7 @@ Vandermonde product, computed in O(N L) without any matrix powers.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -90,9 +91,18 @@ def vandermonde(W, log_z, L):
     makes it one real product of inner size 2N. Only the 2 N sqrt(L) powers
     z^j and z^(bT) are evaluated, each from its exact exponent,
     z^k = exp(k Re log_z) (cos(k Im log_z) + i sin(k Im log_z)), in real
-    arithmetic. W and log_z broadcast against each other.
+    arithmetic. W and log_z broadcast against each other. The gradient is
+    two more Vandermonde sums (`_vandermonde_bwd`).
     """
     W, log_z = checks.modes(W, log_z, L)
+    shape = jnp.broadcast_shapes(W.shape, log_z.shape)
+    ctype = jnp.result_type(W.dtype, log_z.dtype, jnp.complex64)
+    return _vandermonde(jnp.broadcast_to(W, shape).astype(ctype),
+                        jnp.broadcast_to(log_z, shape).astype(ctype), L)
+
+
+def _block_powers(log_z, L):
+    """T, the number of blocks, and Re, Im of z^j (j < T) and of z^(bT), each (..., N, .)."""
     T = math.isqrt(L - 1) + 1                                         # block length
     blocks = -(-L // T)
 
@@ -100,14 +110,53 @@ def vandermonde(W, log_z, L):
         size, angle = jnp.exp(log_z.real[..., None] * k), log_z.imag[..., None] * k
         return size * jnp.cos(angle), size * jnp.sin(angle)
 
-    v_re, v_im = power(jnp.arange(T))                                 # z^j
-    p_re, p_im = power(T * jnp.arange(blocks))                        # z^(bT)
+    return T, blocks, power(jnp.arange(T)), power(T * jnp.arange(blocks))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _vandermonde(W, log_z, L):
+    """The blocked product of `vandermonde` (W and log_z complex, of one shape)."""
+    T, blocks, (v_re, v_im), (p_re, p_im) = _block_powers(log_z, L)  # z^j, z^(bT)
     W_re, W_im = jnp.real(W)[..., None], jnp.imag(W)[..., None]
     w = jnp.concatenate([W_re * p_re - W_im * p_im,                   # Re(W z^(bT))
                          -(W_re * p_im + W_im * p_re)], axis=-2)      # -Im(W z^(bT))
     v = jnp.concatenate([v_re, v_im], axis=-2)                        # (..., 2N, T)
     K = jnp.einsum("...nb,...nj->...bj", w, v, precision=jax.lax.Precision.HIGHEST)
     return K.reshape(*K.shape[:-2], blocks * T)[..., :L]
+
+
+def _vandermonde_fwd(W, log_z, L):
+    return _vandermonde(W, log_z, L), (W, log_z)
+
+
+def _vandermonde_bwd(L, residuals, g):
+    """The gradient of K_l = Re sum_n W_n z_n^l for a cotangent g (..., L).
+
+    With W = W_r + i W_i and log_z = a + i theta, dK_l/dW_r = Re z^l,
+    dK_l/dW_i = -Im z^l, dK_l/da = Re(l W z^l), dK_l/dtheta = -Im(l W z^l).
+    In JAX's convention a complex input's cotangent is d/d(real part) minus
+    i d/d(imaginary part), so both collapse to Vandermonde sums of g itself:
+
+        dW = S_1 = sum_l g_l z^l,      dlog_z = W S_2,   S_2 = sum_l l g_l z^l,
+
+    computed blockwise like the forward product, from the same powers:
+    S = sum_b z^(bT) sum_j c[bT + j] z^j. Only W and log_z are kept from the
+    forward pass; nothing of size L x N is stored or rematerialised.
+    """
+    W, log_z = residuals
+    T, blocks, (v_re, v_im), (p_re, p_im) = _block_powers(log_z, L)
+    g = jnp.pad(g, [(0, 0)] * (g.ndim - 1) + [(0, blocks * T - L)])
+    c = jnp.stack([g, g * jnp.arange(blocks * T, dtype=g.dtype)], axis=-2)
+    c = c.reshape(*c.shape[:-1], blocks, T)                           # (..., 2, blocks, T)
+    hi = jax.lax.Precision.HIGHEST
+    M_re = jnp.einsum("...nj,...sbj->...snb", v_re, c, precision=hi)  # sum_j c z^j
+    M_im = jnp.einsum("...nj,...sbj->...snb", v_im, c, precision=hi)
+    S = (jnp.sum(M_re * p_re[..., None, :, :] - M_im * p_im[..., None, :, :], axis=-1)
+         + 1j * jnp.sum(M_re * p_im[..., None, :, :] + M_im * p_re[..., None, :, :], axis=-1))
+    return S[..., 0, :].astype(W.dtype), (W * S[..., 1, :]).astype(log_z.dtype)
+
+
+_vandermonde.defvjp(_vandermonde_fwd, _vandermonde_bwd)
 
 
 def s4d_lin_init(N):
