@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
+from .layers import Linear
 
 __all__ = ["CausalSelfAttention", "cached_attention", "causal_attention", "flash_attention"]
 
@@ -205,8 +206,8 @@ class CausalSelfAttention(nnx.Module):
         if H % n_heads:
             raise ValueError(f"n_heads must divide H, got H={H}, n_heads={n_heads}")
         self.H, self.n_heads, self.head_dim, self.max_len = H, n_heads, H // n_heads, max_len
-        self.W_QKV = nnx.Linear(H, 3 * H, rngs=rngs)
-        self.W_O = nnx.Linear(H, H, rngs=rngs)
+        self.W_QKV = Linear(H, 3 * H, rngs=rngs)
+        self.W_O = Linear(H, H, rngs=rngs)
         self.cache = nnx.data(None)
 
     def _split(self, x):

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
-from .layers import S4DLayer, _diagonal_kernels
+from .layers import Linear, S4DLayer, scale_channels
 from .ssm import causal_convolution
 
 __all__ = [
@@ -125,13 +125,6 @@ def block_fft(x, n1):
 
 # --- Layers --------------------------------------------------------------------
 
-# The diagonal SSM's kernel, rematerialised: the backward pass recomputes the
-# blockwise powers of `vandermonde` instead of storing them (2 N sqrt(L)
-# numbers per head, more than the head's signal once N > sqrt(L) / 2), which
-# takes a quarter off the layer's training memory at d_h = 1.
-_remat_kernel = jax.checkpoint(_diagonal_kernels, static_argnums=(4,))
-
-
 class ShiftSSM(nnx.Module):
     """H independent shift SSMs with N states: y_k = sum_{j<N} C_j u_{k-j}.
 
@@ -156,7 +149,7 @@ class ShiftSSM(nnx.Module):
         L = u.shape[1]
         C = self.kernel(min(L, self.N))                       # (H, taps)
         padded = jnp.pad(u, ((0, 0), (C.shape[1] - 1, 0), (0, 0)))
-        return sum(C[:, j] * padded[:, C.shape[1] - 1 - j:][:, :L]
+        return sum(scale_channels(C[:, j], padded[:, C.shape[1] - 1 - j:][:, :L])
                    for j in range(C.shape[1]))
 
     def init_cache(self, batch_size):
@@ -198,10 +191,10 @@ class H3Layer(nnx.Module):
             raise ValueError(f"head_dim must divide H, got H={H}, head_dim={head_dim}")
         self.H, self.head_dim, self.n_heads = H, head_dim, H // head_dim
         self.state_size = state_size
-        self.W_Q = nnx.Linear(H, H, rngs=rngs)
-        self.W_K = nnx.Linear(H, H, rngs=rngs)
-        self.W_V = nnx.Linear(H, H, rngs=rngs)
-        self.W_O = nnx.Linear(H, H, rngs=rngs)
+        self.W_Q = Linear(H, H, rngs=rngs)
+        self.W_K = Linear(H, H, rngs=rngs)
+        self.W_V = Linear(H, H, rngs=rngs)
+        self.W_O = Linear(H, H, rngs=rngs)
         self.shift = ShiftSSM(H, shift_size, rngs=rngs)
         self.diag = S4DLayer(self.n_heads, state_size, rngs=rngs, learn_B=False,
                              dt_min=dt_min, dt_max=dt_max)
@@ -219,9 +212,9 @@ class H3Layer(nnx.Module):
         checks.sequence(u, self.H)
         q, k, v = self.qkv(u)
         kv = k[..., :, None] * v[..., None, :]            # (b, L, heads, d_h, d_h)
-        K = _remat_kernel(*self.diag.ssm_params(), u.shape[1])  # (heads, L)
-        D = self.diag.D[...][:, None, None]
-        kv = causal_conv(kv, K[:, None, None, :], axis=1) + D * kv
+        K = self.diag.kernel(u.shape[1])                   # (heads, L)
+        D = jnp.broadcast_to(self.diag.D[...][:, None, None], kv.shape[2:])
+        kv = causal_conv(kv, K[:, None, None, :], axis=1) + scale_channels(D, kv)
         o = jnp.einsum("blhi,blhij->blhj", q, kv)         # Q_t KV_t per head
         return self.W_O(o.reshape(u.shape))
 

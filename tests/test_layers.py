@@ -337,3 +337,23 @@ def test_s4_b_clip_clips_the_imaginary_part_of_B_only():
     np.testing.assert_allclose(B_clip.imag, jnp.clip(B.imag, -2.0, 2.0))
     with pytest.raises(ValueError, match="b_clip"):
         S4Layer(4, 16, 32, rngs=nnx.Rngs(0), b_clip=0.0)
+
+
+def test_linear_and_scale_channels_equal_the_plain_forms():
+    """The flattened forms compute the same values and gradients as nnx.Linear
+    and the broadcast product, for a batch of one and of several."""
+    from annotated_s4.layers import Linear, scale_channels
+
+    flat, plain = Linear(6, 4, rngs=nnx.Rngs(0)), nnx.Linear(6, 4, rngs=nnx.Rngs(0))
+    c = jax.random.normal(jax.random.PRNGKey(1), (3, 2))
+    for batch in (1, 5):
+        x = jax.random.normal(jax.random.PRNGKey(2), (batch, 7, 6))
+        assert jnp.allclose(flat(x), plain(x), rtol=1e-6, atol=1e-6)
+        grads = [nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(m) for m in (flat, plain)]
+        for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+            assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+        y = jax.random.normal(jax.random.PRNGKey(3), (batch, 7, 3, 2))
+        assert jnp.array_equal(scale_channels(c, y), c * y)
+        g_flat, g_plain = (jax.grad(lambda c: jnp.sum(jnp.sin(f(c, y))))(c)
+                           for f in (scale_channels, lambda c, y: c * y))
+        assert jnp.allclose(g_flat, g_plain, rtol=1e-5, atol=1e-6)
