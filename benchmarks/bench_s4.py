@@ -6,7 +6,8 @@
    DPLR kernel (`kernel_DPLR`, O(N L) Cauchy product + FFT); and the DPLR
    kernel of all H channels of an S4Layer at once (what CNN mode computes).
 2. Layer forward + backward time (S4Layer and S4DLayer, H = 128, N = 64,
-   batch 8) at the same lengths.
+   batch 8) at the same lengths, beside the forward + backward time of the
+   layer's kernel alone (all H channels; the rest is the convolution).
 3. The recurrent step at N = 64, H = 128: S4Layer's O(N) DPLR step
    (`dplr_step`: a diagonal plus rank-one product, then a Woodbury solve)
    against the dense step with Ab = A1 A0 formed (`discrete_DPLR`, O(N^2)),
@@ -57,6 +58,17 @@ def layer_fwd_bwd(layer_cls, H, N, L, batch):
         return nnx.grad(lambda m: jnp.mean(m(u) ** 2))(layer)
 
     return lambda: fwd_bwd(layer, u)
+
+
+def kernel_fwd_bwd(layer_cls, H, N, L):
+    """The same layer's kernel alone (all H channels), forward + backward."""
+    layer = layer_cls(H, N, L, rngs=nnx.Rngs(0))
+
+    @nnx.jit
+    def fwd_bwd(layer):
+        return nnx.grad(lambda m: jnp.mean(m.kernel(L) ** 2))(layer)
+
+    return lambda: fwd_bwd(layer)
 
 
 def generation(layer_cls, H, N, L, batch, repeats):
@@ -179,15 +191,22 @@ def main(argv=None):
               f"{row['naive'] / row['dplr']:11.1f} {1e3 * row['dplr_H_channels']:10.2f}")
     sys.stdout.flush()
 
-    print(f"\nlayer forward + backward (median ms), H = {H}, N = {N}, batch = {batch}")
-    print(f"{'L':>6} {'S4':>10} {'S4D':>10} {'S4/S4D':>8}")
+    print(f"\nlayer forward + backward (median ms), H = {H}, N = {N}, batch = {batch}, "
+          "beside the forward + backward of the layer's kernel alone")
+    print(f"{'L':>6} {'S4':>10} {'S4 kernel':>10} {'share':>6} {'S4D':>10} {'S4D kernel':>11} "
+          f"{'share':>6} {'S4/S4D':>8}")
     for L in lengths:
         row = {
             "s4": time_fn(layer_fwd_bwd(S4Layer, H, N, L, batch), repeats=repeats),
+            "s4_kernel": time_fn(kernel_fwd_bwd(S4Layer, H, N, L), repeats=repeats),
             "s4d": time_fn(layer_fwd_bwd(S4DLayer, H, N, L, batch), repeats=repeats),
+            "s4d_kernel": time_fn(kernel_fwd_bwd(S4DLayer, H, N, L), repeats=repeats),
         }
         out["layer"][L] = row
-        print(f"{L:>6} {1e3 * row['s4']:10.1f} {1e3 * row['s4d']:10.1f} {row['s4'] / row['s4d']:8.2f}")
+        print(f"{L:>6} {1e3 * row['s4']:10.1f} {1e3 * row['s4_kernel']:10.1f} "
+              f"{row['s4_kernel'] / row['s4']:6.0%} {1e3 * row['s4d']:10.1f} "
+              f"{1e3 * row['s4d_kernel']:11.1f} {row['s4d_kernel'] / row['s4d']:6.0%} "
+              f"{row['s4'] / row['s4d']:8.2f}")
         sys.stdout.flush()
 
     # The CNN side runs a whole forward pass per output, O(L^2) in all: on a
@@ -248,8 +267,11 @@ def plot(out, path):
                label="linear")
     ax1.set_xlabel("L"); ax1.set_ylabel("seconds"); ax1.set_title("kernel, N = 64")
     ax1.legend(fontsize=8)
-    for name, marker in [("s4", "o"), ("s4d", "s")]:
-        ax2.loglog(Ls, [out["layer"][L][name] for L in Ls], marker + "-", label=name.upper())
+    for (name, marker), color in zip([("s4", "o"), ("s4d", "s")], ("C0", "C1")):
+        ax2.loglog(Ls, [out["layer"][L][name] for L in Ls], marker + "-", color=color,
+                   label=name.upper())
+        ax2.loglog(Ls, [out["layer"][L][name + "_kernel"] for L in Ls], marker + "--",
+                   color=color, label=f"{name.upper()} kernel alone")
     ax2.set_xlabel("L"); ax2.set_title(f"layer fwd+bwd, H = {out['H']}, batch = {out['batch']}")
     ax2.legend(fontsize=8)
     gL = out["generation"]["lengths"]
