@@ -49,26 +49,18 @@ from annotated_s4.timing import time_fn
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def layer_fwd_bwd(layer_cls, H, N, L, batch):
+def fwd_bwd(layer_cls, H, N, L, batch, kernel_only=False):
+    """A layer's forward + backward on a batch of inputs, or (kernel_only)
+    that of its kernel alone, all H channels."""
     layer = layer_cls(H, N, L, rngs=nnx.Rngs(0))
     u = jax.random.normal(jax.random.PRNGKey(1), (batch, L, H))
+    out = (lambda m, u: m.kernel(L)) if kernel_only else (lambda m, u: m(u))
 
     @nnx.jit
-    def fwd_bwd(layer, u):
-        return nnx.grad(lambda m: jnp.mean(m(u) ** 2))(layer)
+    def step(layer, u):
+        return nnx.grad(lambda m: jnp.mean(out(m, u) ** 2))(layer)
 
-    return lambda: fwd_bwd(layer, u)
-
-
-def kernel_fwd_bwd(layer_cls, H, N, L):
-    """The same layer's kernel alone (all H channels), forward + backward."""
-    layer = layer_cls(H, N, L, rngs=nnx.Rngs(0))
-
-    @nnx.jit
-    def fwd_bwd(layer):
-        return nnx.grad(lambda m: jnp.mean(m.kernel(L) ** 2))(layer)
-
-    return lambda: fwd_bwd(layer)
+    return lambda: step(layer, u)
 
 
 def generation(layer_cls, H, N, L, batch, repeats):
@@ -197,10 +189,12 @@ def main(argv=None):
           f"{'share':>6} {'S4/S4D':>8}")
     for L in lengths:
         row = {
-            "s4": time_fn(layer_fwd_bwd(S4Layer, H, N, L, batch), repeats=repeats),
-            "s4_kernel": time_fn(kernel_fwd_bwd(S4Layer, H, N, L), repeats=repeats),
-            "s4d": time_fn(layer_fwd_bwd(S4DLayer, H, N, L, batch), repeats=repeats),
-            "s4d_kernel": time_fn(kernel_fwd_bwd(S4DLayer, H, N, L), repeats=repeats),
+            "s4": time_fn(fwd_bwd(S4Layer, H, N, L, batch), repeats=repeats),
+            "s4_kernel": time_fn(fwd_bwd(S4Layer, H, N, L, batch, kernel_only=True),
+                                 repeats=repeats),
+            "s4d": time_fn(fwd_bwd(S4DLayer, H, N, L, batch), repeats=repeats),
+            "s4d_kernel": time_fn(fwd_bwd(S4DLayer, H, N, L, batch, kernel_only=True),
+                                  repeats=repeats),
         }
         out["layer"][L] = row
         print(f"{L:>6} {1e3 * row['s4']:10.1f} {1e3 * row['s4_kernel']:10.1f} "
