@@ -21,9 +21,9 @@ from .layers import S4Layer
 from .s4 import K_gen_inverse, conv_from_gen, hippo_ssm, kernel_DPLR
 from .ssm import K_conv
 
-__all__ = ["time_fn", "peak_bytes", "convolution_timings", "layer_scaling", "crossover",
-           "KERNELS", "kernel_fns", "layer_kernel_fn", "kernel_scaling", "loglog_slope",
-           "linearity", "generation_throughput", "op_count"]
+__all__ = ["time_fn", "peak_bytes", "training_peak_bytes", "convolution_timings",
+           "layer_scaling", "crossover", "KERNELS", "kernel_fns", "layer_kernel_fn",
+           "kernel_scaling", "loglog_slope", "linearity", "generation_throughput", "op_count"]
 
 
 def time_fn(fn, *args, warmup=1, repeats=5):
@@ -114,6 +114,31 @@ def peak_bytes(fn, *args):
         return None
 
 
+def _layer_programs(layer):
+    """(state, fwd, fwd_bwd) for an NNX layer: its state, and pure functions of
+    (state, u) for the forward pass and for the gradient of the summed output
+    with respect to the state and u (one training step's work)."""
+    from flax import nnx
+
+    graph, state = nnx.split(layer)
+
+    def fwd(state, u):
+        return nnx.merge(graph, state)(u)
+
+    def fwd_bwd(state, u):
+        return jax.grad(lambda s, u: fwd(s, u).sum(), argnums=(0, 1))(state, u)
+
+    return state, fwd, fwd_bwd
+
+
+def training_peak_bytes(layer, u):
+    """`peak_bytes` of the layer's forward+backward pass on u (the gradient
+    of the summed output with respect to the parameters and u), as
+    `layer_scaling` reports it; compiles, does not run."""
+    state, _, fwd_bwd = _layer_programs(layer)
+    return peak_bytes(fwd_bwd, state, u)
+
+
 def layer_scaling(layers, lengths, d_model, *, batch=1, repeats=3, backward=True,
                   memory=True, log=None):
     """Time sequence layers against the sequence length.
@@ -127,8 +152,6 @@ def layer_scaling(layers, lengths, d_model, *, batch=1, repeats=3, backward=True
     forward_s and, as asked, forward_backward_s, forward_peak_bytes and
     forward_backward_peak_bytes. `log`, if given, is called with a line per row.
     """
-    from flax import nnx
-
     if not layers:
         raise ValueError("layers must name at least one layer")
     lengths = list(lengths)
@@ -138,14 +161,7 @@ def layer_scaling(layers, lengths, d_model, *, batch=1, repeats=3, backward=True
     for L in lengths:
         u = jax.random.normal(jax.random.PRNGKey(0), (batch, int(L), d_model))
         for name, layer in layers.items():
-            graph, state = nnx.split(layer)
-
-            def fwd(state, u, graph=graph):
-                return nnx.merge(graph, state)(u)
-
-            def fwd_bwd(state, u):
-                return jax.grad(lambda s, u: fwd(s, u).sum(), argnums=(0, 1))(state, u)
-
+            state, fwd, fwd_bwd = _layer_programs(layer)
             row = {"layer": name, "L": int(L),
                    "forward_s": time_fn(jax.jit(fwd), state, u, repeats=repeats)}
             if backward:

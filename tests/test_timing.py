@@ -5,7 +5,7 @@ import pytest
 from flax import nnx
 
 from annotated_s4 import CausalSelfAttention, H3Layer
-from annotated_s4.timing import crossover, layer_scaling, time_fn
+from annotated_s4.timing import crossover, layer_scaling, time_fn, training_peak_bytes
 
 
 def _rows(values, key="forward_s"):
@@ -32,6 +32,18 @@ def test_layer_scaling_rows():
         assert r["forward_peak_bytes"] is None or r["forward_peak_bytes"] > 0
     rows = layer_scaling(layers, [16], 8, repeats=1, backward=False, memory=False)
     assert set(rows[0]) == {"layer", "L", "forward_s"}
+
+
+def test_training_peak_bytes_grows_with_length():
+    """The training step's peak memory, as layer_scaling reports it; attention's
+    stored L x L scores make it grow faster than linearly in L."""
+    layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, max_len=512)
+    peaks = [training_peak_bytes(layer, np.zeros((1, L, 8), np.float32)) for L in (128, 512)]
+    if None in peaks:
+        pytest.skip("this backend does not report memory")
+    assert peaks[1] > 4 * peaks[0]
+    row = layer_scaling({"a": layer}, [128], 8, repeats=1)[0]
+    assert row["forward_backward_peak_bytes"] == peaks[0]
 
 
 def test_bad_arguments_raise():
