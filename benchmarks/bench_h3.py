@@ -1,7 +1,8 @@
 """H3 vs causal softmax attention: layer time, peak memory, generation throughput.
 
 1. Forward and forward+backward time of one layer (d_model 256, batch 1; H3
-   with head_dim 1 and a 64-mode diagonal SSM; attention with 2 heads, as the
+   with head_dim 1 and state size 64, i.e. 32 complex modes per diagonal SSM,
+   the H3 authors' defaults; attention with 2 heads, as the
    memory-efficient `flash_attention` in blocks of FLASH_BLOCK positions (the
    baseline) and as the plain form that stores the L x L scores) at
    L = 2048, 4096, 8192, 16384 (``--quick``: 512, 1024, 2048), and the peak
@@ -39,7 +40,7 @@ from annotated_s4 import CausalSelfAttention, H3Layer, StackedModel
 from annotated_s4.timing import crossover, generation_throughput, layer_scaling
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-D_MODEL, HEAD_DIM, STATE_SIZE, N_HEADS, VOCAB = 256, 1, 128, 2, 64
+D_MODEL, HEAD_DIM, STATE_SIZE, N_HEADS, VOCAB = 256, 1, 64, 2, 64
 FLASH_BLOCK = 512
 ATTENTIONS = ("flash attention", "attention")    # the baseline first
 
@@ -107,7 +108,7 @@ def main(argv=None):
         lengths, repeats, prompts, n_new, batch, rounds = [1024, 2048], 2, [512, 4096], 32, 8, 7
     else:
         lengths, repeats, prompts, n_new, batch, rounds = (
-            [2048, 4096, 8192, 16384], 3, [512, 4096], 128, 8, 9)
+            [2048, 4096, 8192, 16384], 5, [512, 4096], 128, 8, 9)
     print(f"backend {jax.default_backend()}; d_model {D_MODEL}, H3 head_dim {HEAD_DIM} "
           f"state {STATE_SIZE}, attention heads {N_HEADS}, batch 1")
     rows = layer_sweep(lengths, repeats)
