@@ -169,7 +169,7 @@ def layer_scaling(layers, lengths, d_model, *, batch=1, repeats=3, backward=True
             if memory:
                 row["forward_peak_bytes"] = peak_bytes(fwd, state, u)
                 if backward:
-                    row["forward_backward_peak_bytes"] = peak_bytes(fwd_bwd, state, u)
+                    row["forward_backward_peak_bytes"] = training_peak_bytes(layer, u)
             rows.append(row)
             if log:
                 log(f"  L={int(L):6d} {name:10s} fwd {row['forward_s'] * 1e3:9.2f} ms"
