@@ -1,7 +1,11 @@
 # The Annotated S4: every target installs what it needs (a .venv at the root).
 SHELL   := /bin/bash
-# The book is built and tested with Python 3.11 (pyproject.toml, README, CI).
-PYTHON  ?= python3.11
+# The book is built and tested with Python 3.12 and 3.13. PYTHON=... chooses one;
+# otherwise the newest of the two found on the PATH (or under pyenv) is used.
+SUPPORTED_PYTHONS := 3.13 3.12
+PYTHON  ?= $(shell for v in $(SUPPORTED_PYTHONS); do \
+	for p in python$$v $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v 2>/dev/null | sort -rV); do \
+	$$p -c 'import sys' 2>/dev/null && { echo $$p; exit 0; }; done; done)
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
@@ -13,9 +17,13 @@ export PYTHONHASHSEED := 0
 # The virtual environment and the pinned dependencies; redone only when the
 # requirements or the package metadata change.
 $(STAMP): requirements.txt pyproject.toml
+	@test -n "$(PYTHON)" || { echo "no Python $(SUPPORTED_PYTHONS) found: install one, or name it with PYTHON=..."; exit 1; }
+	@$(PYTHON) -c 'import sys; v = "%d.%d" % sys.version_info[:2]; assert v in "$(SUPPORTED_PYTHONS)".split(), \
+		f"$(PYTHON) is Python {v}; the book needs one of $(SUPPORTED_PYTHONS)"'
+	@# a .venv made by another Python is made again
+	@if [ -x $(PY) ] && [ "$$($(PY) -c 'import sys; print(sys.version_info[:2])')" != \
+		"$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" ]; then rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), \
-		f"$(VENV) has Python {sys.version.split()[0]}; the book needs 3.11 (PYTHON=python3.11)"'
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
