@@ -34,7 +34,6 @@ __all__ = [
     "load_mnist_small",
     "CORPUS_FILE",
     "CORPUS_SHA256",
-    "pydoc_text",
     "load_text_corpus",
     "text_windows",
     "MNIST_FILES",
@@ -173,18 +172,12 @@ def load_mnist_small(seed=0, quantize=False):
 
 # The book's text corpus: the pydoc topics (the help texts of Python's
 # keywords and statements) of Python 3.11, as shipped in its standard
-# library (pydoc_data). Other Python versions ship other texts, so the
-# package carries this one, gzipped, and checks it by its SHA-256.
+# library (pydoc_data.topics, the topics' texts in sorted order of their names,
+# joined by blank lines). Other Python versions ship other texts, so the
+# package carries this one, gzipped, and checks it by its SHA-256: every
+# Python reads the same text.
 CORPUS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pydoc_topics.txt.gz")
 CORPUS_SHA256 = "71f2ff5d99bdc1f9c48c5c2353ad138201c5ca1c377e0226857ef8fa89b8bcee"
-
-
-def pydoc_text():
-    """This Python's pydoc topics as one text (the corpus, on Python 3.11)."""
-    import pydoc_data.topics
-
-    topics = pydoc_data.topics.topics
-    return "\n\n".join(topics[key] for key in sorted(topics))
 
 
 def load_text_corpus(valid_fraction=0.1):

@@ -89,15 +89,19 @@ def test_show_links_to_the_configured_repository():
 
 
 def test_python_version_is_stated_once_and_agrees():
-    """pyproject, README and the CI workflow name the same Python (3.11)."""
+    """pyproject, the Makefile, README and the CI workflow agree: Python 3.12
+    and 3.13 are supported, CI runs the newest."""
     import re
     import tomllib
 
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
-    assert requires == ">=3.11"
-    assert "Python 3.11" in (ROOT / "README.md").read_text()
+    assert requires == ">=3.12"
+    supported = re.search(r"^SUPPORTED_PYTHONS := (.*)$", (ROOT / "Makefile").read_text(),
+                          re.M).group(1).split()
+    assert supported == ["3.13", "3.12"]
+    assert "Python 3.12 or 3.13" in (ROOT / "README.md").read_text()
     workflow = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
-    assert re.search(r"python-version:\s*[\"']?3\.11[\"']?", workflow)
+    assert re.search(r"python-version:\s*[\"']?3\.13[\"']?", workflow)
     assert "bash .ci/run" in workflow
 
 
