@@ -83,3 +83,58 @@ def verdict(seeds_a, seeds_b, p, fixed_b=False):
     if apart:
         return "established: larger than the seeds' spread and the test set's noise"
     return "not established: within the seeds' spread"
+
+
+# --- The book's one procedure for comparing two models ------------------------
+#
+# A model's score is a mean over seeds of a mean over the same held-out items
+# (digits, windows of text). Both levels are noisy: another seed draws another
+# model, another test set draws other items. `compare_arms` puts an interval on
+# the difference of the two models' scores by a two-level bootstrap, which
+# resamples both levels as they were sampled: the seeds of each model with
+# replacement, and the test items with replacement, the same items for both
+# models (they answered the same test set, so the item noise is shared and
+# partly cancels in the difference). A difference is established when its
+# interval excludes zero. A page that draws conclusions from m comparisons
+# gives each an interval at level 1 - alpha/m (Bonferroni), so that the chance
+# of any false "established" on the page stays below alpha = 0.05.
+
+ALPHA = 0.05
+
+
+def _bootstrap_means(scores, item_weights, rng):
+    """(n_boot,) bootstrap means of `scores` (seeds, items): seeds drawn with
+    replacement, items weighted by `item_weights` (n_boot, items), the counts
+    of each item in a resample of the items."""
+    per_seed = scores @ item_weights.T / item_weights.shape[1]       # (seeds, n_boot)
+    picks = rng.integers(0, len(scores), size=(item_weights.shape[0], len(scores)))
+    return np.take_along_axis(per_seed.T, picks, axis=1).mean(axis=1)
+
+
+def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA, n_boot=10_000, seed=0):
+    """The difference of two models' mean scores, A - B, with its two-level
+    bootstrap interval at level 1 - alpha / comparisons.
+
+    scores_a (seeds_a, items), scores_b (seeds_b, items): each seed's score on
+    each held-out item (1/0 for right/wrong, or a per-item loss), the same items
+    in the same order for both. Returns a dict: difference, low, high, level,
+    seeds (seeds_a, seeds_b), items, established (the interval excludes 0).
+    """
+    a = np.atleast_2d(np.asarray(scores_a, dtype=np.float64))
+    b = np.atleast_2d(np.asarray(scores_b, dtype=np.float64))
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"scores_a and scores_b must be (seeds, items) on the same items, "
+                         f"got shapes {a.shape} and {b.shape}")
+    if not (isinstance(comparisons, int) and comparisons >= 1):
+        raise ValueError(f"comparisons must be a positive int, got {comparisons!r}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    rng = np.random.default_rng(seed)
+    items = a.shape[1]
+    weights = rng.multinomial(items, np.full(items, 1 / items), size=n_boot).astype(np.float64)
+    diffs = _bootstrap_means(a, weights, rng) - _bootstrap_means(b, weights, rng)
+    level = 1 - alpha / comparisons
+    low, high = np.quantile(diffs, [(1 - level) / 2, (1 + level) / 2])
+    return {"difference": float(a.mean() - b.mean()), "low": float(low), "high": float(high),
+            "level": level, "seeds": (len(a), len(b)), "items": items,
+            "established": bool(low > 0 or high < 0)}

@@ -60,3 +60,67 @@ def test_a_run_the_code_no_longer_reproduces_is_named(monkeypatch):
     monkeypatch.setattr(evidence, "load_run", drifted)
     with pytest.raises(ValueError, match="digits64-s4: the code no longer reproduces"):
         evidence.reevaluate_classifier("digits64-s4")
+
+
+# --- the two-level bootstrap ------------------------------------------------------
+
+def test_compare_arms_with_one_seed_is_the_paired_item_bootstrap():
+    """One seed a side: only the items vary, and the interval is the paired
+    difference's normal interval (the bootstrap of a mean of 2,000 items)."""
+    rng = np.random.default_rng(0)
+    a = rng.random(2000) < 0.9
+    b = np.where(rng.random(2000) < 0.1, ~a, a)          # b disagrees on about 10%
+    out = evidence.compare_arms(a[None], b[None], n_boot=20_000)
+    d = a.astype(float) - b.astype(float)
+    half = 1.959964 * d.std() / np.sqrt(len(d))
+    assert out["difference"] == pytest.approx(d.mean())
+    assert out["low"] == pytest.approx(d.mean() - half, abs=0.1 * half)
+    assert out["high"] == pytest.approx(d.mean() + half, abs=0.1 * half)
+
+
+def test_compare_arms_sees_seed_noise_that_item_noise_hides():
+    """Seeds that scatter widely make a difference of means uncertain even on
+    many items; the same difference with agreeing seeds is established."""
+    rng = np.random.default_rng(1)
+    items = 5000
+
+    def arm(means):
+        return np.stack([rng.random(items) < m for m in means])
+
+    steady = evidence.compare_arms(arm([0.96, 0.961, 0.959, 0.96, 0.962]),
+                                   arm([0.94, 0.941, 0.939, 0.94, 0.942]))
+    assert steady["established"] and steady["low"] > 0
+    scattered = evidence.compare_arms(arm([0.99, 0.90, 0.99, 0.92, 0.98]),
+                                      arm([0.96, 0.90, 0.97, 0.92, 0.93]))
+    assert not scattered["established"] and scattered["low"] < 0 < scattered["high"]
+
+
+def test_compare_arms_bonferroni_widens_the_interval():
+    rng = np.random.default_rng(2)
+    a, b = rng.random((3, 800)) < 0.9, rng.random((3, 800)) < 0.88
+    one = evidence.compare_arms(a, b)
+    seven = evidence.compare_arms(a, b, comparisons=7)
+    assert seven["level"] == pytest.approx(1 - 0.05 / 7)
+    assert seven["low"] < one["low"] and seven["high"] > one["high"]
+
+
+def test_compare_arms_keeps_its_error_rate_when_nothing_differs():
+    """Two arms drawn from the same models: the 95% interval excludes zero in
+    about 5% of repetitions, not more (a test that a too-narrow interval fails)."""
+    rng = np.random.default_rng(3)
+    false = 0
+    for rep in range(200):
+        seeds = rng.normal(0.9, 0.01, size=10)            # each seed's own accuracy
+        arms = np.stack([rng.random(400) < s for s in seeds])
+        false += evidence.compare_arms(arms[:5], arms[5:], n_boot=2000, seed=rep)["established"]
+    assert false <= 25     # 5% of 200 is 10; 25 would be a 12.5% error rate
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"scores_a": np.ones((2, 5)), "scores_b": np.ones((2, 6))}, "same items"),
+    ({"scores_a": np.ones((2, 5)), "scores_b": np.ones((2, 5)), "comparisons": 0}, "comparisons"),
+    ({"scores_a": np.ones((2, 5)), "scores_b": np.ones((2, 5)), "alpha": 1.5}, "alpha"),
+])
+def test_compare_arms_refuses_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        evidence.compare_arms(**kwargs)
