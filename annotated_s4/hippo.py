@@ -1,10 +1,15 @@
-"""HiPPO-LegS: a state matrix that remembers the whole past of a signal.
+"""HiPPO-LegS: a state matrix derived from an approximation problem.
 
-The HiPPO-LegS state x(t) holds the coefficients of the best approximation of
-the history u(s), s <= t, by Legendre polynomials scaled to [0, t]. It is the
-initialisation that makes S4 work, and it has a structure S4 exploits: it is
-normal plus low rank (NPLR), hence unitarily equivalent to a diagonal plus low
-rank (DPLR) matrix.
+In the time-varying (scale-invariant) system c' = (1/t) A c + (1/t) B u, the
+state c(t) holds the coefficients of the best approximation of the history
+u(s), 0 <= s <= t, by Legendre polynomials scaled to [0, t]. A is lower
+triangular with the eigenvalues -1, ..., -N: in its eigenbasis the state holds
+the moments of the history against the monomials (s/t)^k, and A is that
+diagonal system written in the orthonormal (Gram-Schmidt) basis of the same
+polynomials. S4 uses the same A and B in a time-invariant SSM (no 1/t), whose
+state holds the past in exponentially warped Legendre polynomials. A is normal
+plus low rank (NPLR), hence unitarily equivalent to a diagonal plus low rank
+(DPLR) matrix, the structure S4's kernel exploits.
 
 These functions build matrices once, at initialisation, so they use NumPy in
 float64 (eigendecompositions in float32 would throw away the accuracy the
@@ -12,6 +17,8 @@ kernel needs). Callers cast the results to jnp arrays of the dtype they want.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -24,6 +31,9 @@ __all__ = [
     "legendre_reconstruct",
     "hippo_legs_states",
     "legs_history_matrix",
+    "shifted_legendre",
+    "gram_schmidt_monomials",
+    "legs_projection",
 ]
 
 
@@ -162,3 +172,56 @@ def _legs_AB(N, A, B):
     if B.shape != (N,):
         raise ValueError(f"B must have shape (N,) = ({N},), got {B.shape}")
     return A, B
+
+
+def shifted_legendre(N):
+    """The orthonormal Legendre polynomials of [0, 1] in the monomial basis: T, (N, N).
+
+    Row n holds the coefficients of p_n(x) = sqrt(2n+1) P_n(2x - 1):
+    p_n(x) = sum_k T[n, k] x^k. Rodrigues' formula applied to (x^2 - x)^n gives
+    P_n(2x - 1) = sum_{k<=n} (-1)^(n+k) binom(n, k) binom(n+k, k) x^k, so T is
+    lower triangular with a positive diagonal. Its entries grow like 5.8^n, so
+    use it for the algebra at small N, not to evaluate p_n (use legvander).
+    """
+    N = checks.positive_int(N, "N")
+    T = np.zeros((N, N))
+    for n in range(N):
+        for k in range(n + 1):
+            T[n, k] = (-1) ** (n + k) * math.comb(n, k) * math.comb(n + k, k)
+    return np.sqrt(2 * np.arange(N) + 1.0)[:, None] * T
+
+
+def gram_schmidt_monomials(N):
+    """Gram-Schmidt of 1, x, ..., x^(N-1) on [0, 1] (uniform measure): T, (N, N).
+
+    The Gram matrix of the monomials is the Hilbert matrix
+    H_jk = <x^j, x^k> = int_0^1 x^(j+k) dx = 1/(j+k+1). Gram-Schmidt builds
+    q_n = sum_{k<=n} T[n, k] x^k (T lower triangular, positive diagonal) with
+    <q_n, q_m> = (T H T^T)_nm = delta_nm. With the Cholesky factor H = R R^T
+    that is T = R^{-1}: Gram-Schmidt of a basis is the Cholesky factorisation
+    of its Gram matrix. cond(H) grows about 34-fold per N: float64, small N.
+    """
+    N = checks.positive_int(N, "N")
+    k = np.arange(N)
+    H = 1.0 / (k[:, None] + k[None, :] + 1)       # Hilbert matrix, (N, N)
+    R = np.linalg.cholesky(H)                      # H = R R^T, R lower
+    return np.linalg.solve(R, np.eye(N))           # T = R^{-1}, lower
+
+
+def legs_projection(u, t, N, order=200):
+    """The LegS coefficients of a signal, computed directly: c(t), shape (N,).
+
+    c_n(t) = (1/t) int_0^t u(s) p_n(s/t) ds = int_0^1 u(t x) p_n(x) dx
+    (substituting s = t x), with p_n(x) = sqrt(2n+1) P_n(2x - 1). `u` is a
+    vectorised function of time; the integral is Gauss-Legendre quadrature with
+    `order` nodes on [0, 1], exact when u is a polynomial of degree below
+    2 * order - N + 1 and accurate to rounding for smooth u.
+    """
+    N = checks.positive_int(N, "N")
+    order = checks.positive_int(order, "order")
+    if not t > 0:
+        raise ValueError(f"t must be positive, got {t}")
+    y, w = np.polynomial.legendre.leggauss(order)   # nodes and weights on [-1, 1]
+    x, w = (y + 1) / 2, w / 2                        # ... on [0, 1]
+    p = np.polynomial.legendre.legvander(y, N - 1) * np.sqrt(2 * np.arange(N) + 1.0)
+    return p.T @ (w * np.asarray(u(t * x), dtype=np.float64))

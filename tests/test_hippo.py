@@ -1,13 +1,18 @@
 import numpy as np
 import pytest
+import scipy.linalg
+from scipy.integrate import solve_ivp
 
 from annotated_s4.hippo import (
+    gram_schmidt_monomials,
     hippo_legs_states,
     legs_history_matrix,
     legendre_reconstruct,
+    legs_projection,
     make_DPLR_HiPPO,
     make_HiPPO,
     make_NPLR_HiPPO,
+    shifted_legendre,
 )
 
 
@@ -128,3 +133,106 @@ def test_hippo_forgets_at_its_eigenvalues_in_either_form():
     slowest = ((1 - step / 2) / (1 + step / 2)) ** (2 * (np.array(lengths) - 1))
     assert np.all(original < slowest)
     assert 6.2e-3 < original[1] < 6.4e-3
+
+
+# --- the eigenvalue-monomial fact (chapter 4), all in float64 -----------------------------
+
+
+@pytest.mark.parametrize("N", [1, 2, 5, 8])
+def test_gram_schmidt_of_monomials_is_shifted_legendre(N):
+    T = shifted_legendre(N)
+    G = gram_schmidt_monomials(N)
+    assert np.abs(G - T).max() / np.abs(T).max() < 1e-7
+    # and T's rows are orthonormal on [0, 1]: check by Gauss quadrature on the polynomials
+    y, w = np.polynomial.legendre.leggauss(2 * N + 2)
+    x, w = (y + 1) / 2, w / 2
+    values = T @ x[None, :] ** np.arange(N)[:, None]           # (N, nodes): p_n(x)
+    assert np.allclose((values * w) @ values.T, np.eye(N), atol=1e-9)
+    # the rows are the Legendre polynomials sqrt(2n+1) P_n(2x - 1) themselves
+    ref = np.polynomial.legendre.legvander(y, N - 1).T * np.sqrt(2 * np.arange(N) + 1.0)[:, None]
+    assert np.allclose(values, ref, atol=1e-9)
+
+
+@pytest.mark.parametrize("N", [2, 6, 10])
+def test_hippo_is_the_diagonal_system_in_legendre_coordinates(N):
+    """A = T D T^{-1} and B = T 1, with D = diag(-1, ..., -N): T holds eigenvectors."""
+    A, _, B = make_NPLR_HiPPO(N)
+    T = shifted_legendre(N)
+    D = np.diag(-np.arange(1.0, N + 1))
+    assert np.abs(T @ D @ np.linalg.inv(T) - A).max() / np.abs(A).max() < 1e-8
+    assert np.allclose(T @ np.ones(N), B, atol=1e-8)
+    assert np.allclose(A @ T, T @ D, rtol=0, atol=1e-9 * np.abs(T).max() * N)
+    np.testing.assert_allclose(np.sort(np.linalg.eigvals(make_HiPPO(N)).real), -np.arange(N, 0, -1.0),
+                               atol=1e-9)
+
+
+def test_history_matrix_of_hippo_is_T_times_the_diagonal_one():
+    """The discrete recurrence commutes with the change of basis: M_hippo = T M_diag."""
+    N, t = 8, 300
+    T = shifted_legendre(N)
+    M_hippo = legs_history_matrix(N, t)
+    M_diag = legs_history_matrix(N, t, np.diag(-np.arange(1.0, N + 1)), np.ones(N))
+    assert np.abs(T @ M_diag - M_hippo).max() / np.abs(M_hippo).max() < 1e-9
+    # the same row space, hence the same least-squares readout; a different spectrum differs
+    assert scipy.linalg.subspace_angles(M_hippo.T, M_diag.T).max() < 1e-7
+    rng = np.random.RandomState(0)
+    Q, _ = np.linalg.qr(rng.randn(N, N))
+    M_normal = legs_history_matrix(N, t, Q @ np.diag(-np.arange(1.0, N + 1)) @ Q.T, rng.randn(N))
+    assert scipy.linalg.subspace_angles(M_hippo.T, M_normal.T).max() < 1e-6
+    M_other = legs_history_matrix(N, t, np.diag(-np.arange(1.0, N + 1) - 0.5), np.ones(N))
+    assert scipy.linalg.subspace_angles(M_hippo.T, M_other.T).max() > 1e-2
+    u = np.cos(7 * np.arange(t) / t)
+    rec_h = np.linalg.lstsq(M_hippo, M_hippo @ u, rcond=None)[0]
+    rec_d = np.linalg.lstsq(M_diag, M_diag @ u, rcond=None)[0]
+    assert np.abs(rec_h - rec_d).max() < 1e-6
+
+
+@pytest.mark.parametrize("a", [1.0, 2.0, 5.0, 12.0])
+def test_eigenvalue_minus_a_stores_the_monomial(a):
+    """In the 1/t system a mode -a, b = 1 has impulse response (1/t)(s/t)^(a-1); the
+    bilinear recurrence matches it at the sample midpoints s = j - 1/2 to O(1/t)."""
+    t = 1000
+    row = legs_history_matrix(1, t, np.array([[-a]]), np.ones(1))[0]
+    s = np.arange(1, t + 1) - 0.5
+    ref = (s / t) ** (a - 1) / t
+    assert np.abs(row - ref).max() / ref.max() < 1 / t
+
+
+def test_history_matrix_rows_do_not_depend_on_N():
+    """A is lower triangular: the first n coordinates never see the later ones."""
+    M = legs_history_matrix(12, 200)
+    np.testing.assert_allclose(legs_history_matrix(5, 200), M[:5], rtol=0, atol=1e-14)
+
+
+def test_legs_projection_is_exact_for_polynomials_and_solves_the_ode():
+    N = 8
+    # u(s) = s^3 at t = 2: c_n = int_0^1 8 x^3 p_n(x) dx, c_0 = 2 and c_n = 0 for n > 3
+    c = legs_projection(lambda s: s**3, 2.0, N)
+    assert c[0] == pytest.approx(2.0, rel=1e-13) and np.abs(c[4:]).max() < 1e-12
+    # a polynomial of degree < N is reconstructed exactly from its coefficients
+    poly = lambda s: 1 - 2 * s + 0.5 * s**5   # noqa: E731
+    s = np.linspace(0, 3, 7)
+    assert np.allclose(legendre_reconstruct(legs_projection(poly, 3.0, N), 3.0, s), poly(s), atol=1e-11)
+    # the LegS ODE carries the projection forward
+    A, _, B = make_NPLR_HiPPO(N)
+    u = lambda s: np.sin(5 * s) + s  # noqa: E731
+    sol = solve_ivp(lambda t, c: (A @ c + B * u(t)) / t, (1e-3, 1.0), legs_projection(u, 1e-3, N),
+                    t_eval=[0.5, 1.0], method="DOP853", rtol=1e-11, atol=1e-13)
+    direct = np.stack([legs_projection(u, t, N) for t in (0.5, 1.0)], axis=1)
+    assert np.abs(sol.y - direct).max() < 1e-9
+    # ... and a wrong B (one sign flipped) does not
+    B_wrong = B * np.where(np.arange(N) == 2, -1, 1)
+    bad = solve_ivp(lambda t, c: (A @ c + B_wrong * u(t)) / t, (1e-3, 1.0), legs_projection(u, 1e-3, N),
+                    t_eval=[1.0], method="DOP853", rtol=1e-11, atol=1e-13)
+    assert np.abs(bad.y[:, 0] - direct[:, 1]).max() > 1e-3
+
+
+def test_new_functions_reject_bad_arguments():
+    with pytest.raises(ValueError, match="N"):
+        shifted_legendre(0)
+    with pytest.raises(TypeError, match="N"):
+        gram_schmidt_monomials(2.5)
+    with pytest.raises(ValueError, match="t must be positive"):
+        legs_projection(np.sin, 0.0, 4)
+    with pytest.raises(ValueError, match="order"):
+        legs_projection(np.sin, 1.0, 4, order=0)
