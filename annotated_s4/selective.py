@@ -198,12 +198,13 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     """
     u, delta, A, B, C, D, z, delta_bias, x0 = checks.selective(u, delta, A, B, C, D, z,
                                                                delta_bias, state=initial_state)
-    scan, lead = pick_scan(method, chunk), u.shape[:2]
+    scan, last = pick_scan(method, chunk), checks.flag(return_last_state, "return_last_state")
+    lead = u.shape[:2]
     delta = selective_delta(delta, delta_bias, delta_softplus)
     a, b = discretize_selective(delta, A, _per_channel(B, lead, A.shape[0]), u)
     x = jax.vmap(scan)(a, b, x0)                           # (batch, L, D, N)
     y = _readout(x, _per_channel(C, lead, A.shape[0]), u, D, z)
-    return (y, x[:, -1]) if checks.flag(return_last_state, "return_last_state") else y
+    return (y, x[:, -1]) if last else y
 
 
 def selective_step(state, u, delta, A, B, C, D=None, z=None, delta_bias=None,

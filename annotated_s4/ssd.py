@@ -120,7 +120,7 @@ def ssd_chunked(X, a, B, C, chunk, initial_state=None):
     (Y like X, final state (batch, H, P, N)).
     """
     X, a, B, C, h0 = checks.ssd(X, a, B, C, initial_state)
-    Q, (b, L, H, P), N = checks.positive_int(chunk, "chunk"), X.shape, B.shape[-1]
+    Q, (b, L, H, P) = checks.positive_int(chunk, "chunk"), X.shape
     pad = -L % Q
     X, a, B, C = (jnp.pad(v, [(0, 0), (0, pad)] + [(0, 0)] * (v.ndim - 2)) for v in (X, a, B, C))
     X, a, B, C = (v.reshape(b, -1, Q, *v.shape[2:]) for v in (X, a, B, C))  # (b, c, Q, ...)

@@ -110,7 +110,8 @@ def scan_fixtures(selective_scan_ref, torch, batch=2, D=8, N=4, L=48, G=2):
     for name, b_kind, c_kind, has_D, has_z, has_bias, softplus, last in SCAN_CASES:
         r = {"u": torch.randn(batch, D, L),
              # without the softplus the steps must be positive themselves
-             "delta": torch.randn(batch, D, L) if softplus else 0.05 + 0.2 * torch.rand(batch, D, L),
+             "delta": (torch.randn(batch, D, L) if softplus
+                       else 0.05 + 0.2 * torch.rand(batch, D, L)),
              "A": -torch.exp(0.5 * torch.randn(D, N)),          # Mamba's A = -exp(A_log)
              "B": torch.randn(*shapes[b_kind]), "C": torch.randn(*shapes[c_kind]),
              "D": torch.randn(D) if has_D else None,
@@ -151,7 +152,8 @@ def ssd_fixtures(ssd_minimal_discrete, torch, batch=2, L=48, H=2, P=4, N=4, bloc
         r = {"X": x * dt[..., None], "A": A * dt,
              "B": torch.randn(batch, L, H, N, dtype=torch.float64),
              "C": torch.randn(batch, L, H, N, dtype=torch.float64),
-             "initial_states": torch.randn(batch, 1, H, P, N, dtype=torch.float64) if initial else None}
+             "initial_states": (torch.randn(batch, 1, H, P, N, dtype=torch.float64)
+                                if initial else None)}
         r["Y"], r["final_state"] = ssd_minimal_discrete(**r, block_len=block_len)
         r["block_len"] = block_len
         out.update({f"{name}__{k}": v for k, v in _numpy(r).items()})
