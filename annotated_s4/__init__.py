@@ -24,6 +24,8 @@ from .models import *  # noqa: F401,F403,E402
 from .h3 import *  # noqa: F401,F403,E402
 from .attention import *  # noqa: F401,F403,E402
 from .toeplitz import *  # noqa: F401,F403,E402
+from .selective import *  # noqa: F401,F403,E402
+from .ssd import *  # noqa: F401,F403,E402
 from .decoders import *  # noqa: F401,F403,E402
 from .longconv import *  # noqa: F401,F403,E402
 

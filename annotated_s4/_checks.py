@@ -241,6 +241,65 @@ def _step_and_length(step, L):
         positive_int(L, "L")
 
 
+def selective_input(x, name, lead, D, N, *, fixed=False):
+    """A selective SSM's B or C: shared by the channels (*lead, N), or by G groups
+    of D/G channels (*lead, G, N); with `fixed`, also one time-invariant (D, N)."""
+    x = array(x, name, kind="float")
+    want = ((f"(D, N) = ({D}, {N}), " if fixed else "") + f"(*{tuple(lead)}, N) or "
+            f"(*{tuple(lead)}, G, N) with N = {N} and G dividing D = {D}")
+    ok = ((fixed and x.shape == (D, N)) or x.shape == (*lead, N)
+          or (x.shape[:len(lead)] == tuple(lead) and x.ndim == len(lead) + 2
+              and x.shape[-1] == N and x.shape[-2] > 0 and D % x.shape[-2] == 0))
+    if not ok:
+        raise ValueError(f"{name} must have shape {want}, got {x.shape}")
+    return x
+
+
+def selective(u, delta, A, B, C, D=None, z=None, delta_bias=None, *, state=None,
+              state_name="initial_state", step=False):
+    """The selective SSM's arguments: u, delta and z (batch, L, D) (in a step,
+    (batch, D)); A (D, N) real; B and C see `selective_input`; D and delta_bias
+    (D,); a state (batch, D, N) (required in a step). Returns them as arrays, in
+    this order, the state last (None stays None)."""
+    u = array(u, "u", ndim=2 if step else 3, kind="float")
+    A = array(A, "A", ndim=2, kind="float")
+    Dm, N = u.shape[-1], A.shape[1]
+    A = array(A, "A", shape=(Dm, N), kind="float")
+    delta = array(delta, "delta", shape=u.shape, kind="float")
+    B, C = (selective_input(x, name, u.shape[:-1], Dm, N, fixed=not step)
+            for x, name in ((B, "B"), (C, "C")))
+    D, delta_bias = (None if x is None else array(x, name, shape=(Dm,), kind="float")
+                     for x, name in ((D, "D"), (delta_bias, "delta_bias")))
+    z = None if z is None else array(z, "z", shape=u.shape, kind="float")
+    if state is not None or step:
+        state = array(state, state_name, shape=(u.shape[0], Dm, N), kind="float")
+    return u, delta, A, B, C, D, z, delta_bias, state
+
+
+def first_order(a, b, x0=None):
+    """A first-order linear recurrence x_t = a_t x_{t-1} + b_t: a and b (L, ...) of
+    one shape, time first; x0 (...) or None."""
+    b = array(b, "b", kind="number")
+    if b.ndim < 1:
+        raise ValueError(f"b must have a time axis first, got shape {b.shape}")
+    a = array(a, "a", shape=b.shape)
+    return a, b, None if x0 is None else array(x0, "x0", shape=b.shape[1:])
+
+
+def ssd(X, a, B, C, initial_state=None):
+    """SSD's arguments: X (batch, L, H, P); a (batch, L, H), the log-decays; B and C
+    (batch, L, H, N); initial_state (batch, H, P, N) or None."""
+    X = array(X, "X", ndim=4, kind="float")
+    b, L, H, P = X.shape
+    a = array(a, "a", shape=(b, L, H), kind="float")
+    B = array(B, "B", shape=(b, L, H, None), kind="float")
+    C = array(C, "C", shape=B.shape, kind="float")
+    if initial_state is not None:
+        initial_state = array(initial_state, "initial_state", shape=(b, H, P, B.shape[-1]),
+                              kind="float")
+    return X, a, B, C, initial_state
+
+
 def vectors(N, **named):
     """Each named array is a vector of shape (N,); returns them in order."""
     return [array(x, name, shape=(N,)) for name, x in named.items()]
