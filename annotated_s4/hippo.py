@@ -146,8 +146,9 @@ def legs_history_matrix(N, t, A=None, B=None):
     """The linear map M (N, t) from the history u_1..u_t to the state c_t = M u.
 
     Column j is the state at time t left by a unit impulse at time j:
-    T_t T_{t-1} ... T_{j+1} S_j with T_k = (I - A/(2k))^{-1}(I + A/(2k)) and
-    S_j = (I - A/(2j))^{-1} B / j, accumulated from the right end backwards.
+    Ab_t Ab_{t-1} ... Ab_{j+1} Bb_j, with the step matrices of the bilinear rule
+    Ab_k = (I - A/(2k))^{-1}(I + A/(2k)) and Bb_j = (I - A/(2j))^{-1} B / j,
+    accumulated from the right end backwards.
     """
     A, B = _legs_AB(N, A, B)
     t = checks.positive_int(t, "t")
@@ -199,7 +200,8 @@ def gram_schmidt_monomials(N):
     q_n = sum_{k<=n} T[n, k] x^k (T lower triangular, positive diagonal) with
     <q_n, q_m> = (T H T^T)_nm = delta_nm. With the Cholesky factor H = R R^T
     that is T = R^{-1}: Gram-Schmidt of a basis is the Cholesky factorisation
-    of its Gram matrix. cond(H) grows about 34-fold per N: float64, small N.
+    of its Gram matrix. cond(H) grows about 31-fold per added degree from N = 4
+    to 8, tending to (1 + sqrt 2)^4 = 34 as N grows: float64, small N only.
     """
     N = checks.positive_int(N, "N")
     k = np.arange(N)
