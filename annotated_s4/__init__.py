@@ -19,6 +19,7 @@ if "xla_cpu_enable_concurrency_optimized_scheduler" not in _os.environ.get("XLA_
 from .ssm import *  # noqa: F401,F403,E402
 from .hippo import *  # noqa: F401,F403,E402
 from .s4 import *  # noqa: F401,F403,E402
+from .probe import *  # noqa: F401,F403,E402
 from .layers import *  # noqa: F401,F403,E402
 from .models import *  # noqa: F401,F403,E402
 from .h3 import *  # noqa: F401,F403,E402
