@@ -131,6 +131,9 @@ def test_colab_run_pinned_reads_the_pins_of_a_pip_line():
         colab_run.pinned("print(1)")
     with pytest.raises(ValueError, match="does not set other"):
         colab_run.pinned('%pip install "{other}==1"')
+    assert colab_run.expand(source, "if")[:3] == ["install", "pkg @ git+https://x/y",
+                                                  "jax[cuda12]==1.2"]
+    assert colab_run.expand(source, "else")[2] == "jax==1.2"
 
 
 def test_colab_freeze_fixture_is_colabs_cpu_runtime():

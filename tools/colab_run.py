@@ -112,29 +112,33 @@ def pip_line(source):
 
 def pinned(source):
     """{canonical name: version} of the `name==version` pins on the install cell's
-    %pip line (extras dropped: `jax[cuda12]==0.1` pins jax); a `{variable}` that
-    IPython expands counts under every name it may take, which the cell gives as
-    string literals ("jax[cuda12]" if ... else "jax")."""
-    line = pip_line(source)
+    %pip line, on both branches of a `{variable}` that IPython expands
+    (`jax_pin = "jax[cuda12]" if ... else "jax"`); extras dropped."""
     out = {}
-    for token in re.findall(r'"[^"]*"|\S+', line):
-        token = token.strip('"')
-        if " @ " in token or "==" not in token:
-            continue
-        name, version = token.split("==", 1)
-        if name.startswith("{") and name.endswith("}"):
-            var = name[1:-1]
-            m = re.search(rf'^\s*{re.escape(var)} = "([^"]+)"(?: if .* else "([^"]+)")?$',
-                          source, re.MULTILINE)
-            if m is None:
-                raise ValueError(f"the install cell does not set {var} to a name, or to "
-                                 f"one of two (\"a\" if ... else \"b\")")
-            names = [n for n in m.groups() if n]
-        else:
-            names = [name]
-        for n in names:
-            out[canonical(n.split("[", 1)[0])] = version
+    for branch in ("if", "else"):
+        for arg in expand(source, branch)[1:]:
+            if " @ " in arg or "==" not in arg:
+                continue
+            name, version = arg.split("==", 1)
+            out[canonical(name.split("[", 1)[0].strip())] = version.strip()
     return out
+
+
+def expand(source, branch):
+    """The arguments of the install cell's %pip line as pip gets them, with a
+    `{variable}` set by `variable = "a" if ... else "b"` taken on `branch`
+    ("if" or "else")."""
+    import shlex
+
+    line = pip_line(source)
+    for var in re.findall(r"\{(\w+)\}", line):
+        m = re.search(rf'^\s*{re.escape(var)} = "([^"]+)"(?: if .* else "([^"]+)")?$',
+                      source, re.MULTILINE)
+        if m is None:
+            raise ValueError(f"the install cell does not set {var}")
+        value = m.group(1) if branch == "if" or m.group(2) is None else m.group(2)
+        line = line.replace("{" + var + "}", value)
+    return shlex.split(line)
 
 
 def substitute_repository(source, url, local):
@@ -318,6 +322,40 @@ def installed(venv):
     return {canonical(p["name"]): p["version"] for p in json.loads(out)}
 
 
+def resolve(image, environ, source, workdir):
+    """Resolve the install cell's requirements with pip (a dry run, Python 3.13,
+    the package index) for Colab's CPU runtime (the `else` branch) and GPU
+    runtime (`jax[cuda12]`), holding Colab's versions of NEVER_PINNED fixed,
+    and on the GPU its CUDA plugin and libraries too (colab_freeze.gpu.txt).
+    Returns {runtime: (ok, {name: version} that pip picks, or pip's error)}."""
+    versions = parse_freeze(FREEZE.read_text())
+    fixed = {n: versions[n] for n in NEVER_PINNED}
+    out = {}
+    for runtime, branch in (("CPU", "else"), ("GPU", "if")):
+        held = dict(fixed)
+        if runtime == "GPU":
+            held.update(parse_freeze(FREEZE.with_name("colab_freeze.gpu.txt").read_text()))
+        constraints = workdir / f"held-{runtime}.txt"
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(held.items())))
+        report_path = workdir / f"resolve-{runtime}.json"
+        args = expand(source, branch)
+        home = workdir / "resolve-home"
+        home.mkdir(exist_ok=True)
+        env = runtime_env(environ, home, image / "venv")
+        proc = subprocess.run([str(image / "venv" / "bin" / "python"), "-m", "pip", *args,
+                               "--dry-run", "--ignore-installed", "--report", str(report_path),
+                               "-c", str(constraints)], env=env, capture_output=True, text=True)
+        if proc.returncode:
+            errors = [l for l in (proc.stdout + proc.stderr).splitlines()
+                      if l.startswith(("ERROR", "    ", "The conflict"))]
+            out[runtime] = (False, "\n".join(errors[-12:]))
+            continue
+        picked = {canonical(i["metadata"]["name"]): i["metadata"]["version"]
+                  for i in json.loads(report_path.read_text())["install"]}
+        out[runtime] = (True, picked)
+    return out
+
+
 # --- Run all ---------------------------------------------------------------------
 
 RESTART = "application/vnd.colab-display-data+json"
@@ -427,7 +465,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("notebooks", nargs="+", type=Path, help="book/NN_name.ipynb files")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="book/NN_name.ipynb files")
     parser.add_argument("--colabtools", default=os.environ.get("COLABTOOLS"),
                         help="a clone (or bare git directory) of googlecolab/colabtools")
     parser.add_argument("--python", default=os.environ.get("COLAB_PYTHON", PYTHON),
@@ -438,6 +476,11 @@ def main(argv=None):
     parser.add_argument("--freeze", type=Path, default=FREEZE, help="the freeze fixture")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds a cell may take")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--resolve", action="store_true",
+                        help="first resolve the install cell for Colab's CPU and GPU runtimes "
+                             "(a pip dry run holding Colab's numpy, matplotlib, Pillow, pandas, "
+                             "mlxtend and, on the GPU, CUDA libraries fixed); alone with no "
+                             "notebooks")
     args = parser.parse_args(argv)
     if not args.colabtools:
         parser.error("--colabtools (or $COLABTOOLS): a clone of googlecolab/colabtools, which "
@@ -458,7 +501,22 @@ def main(argv=None):
     print(f"Colab runtime of backend-info commit {freeze_commit(freeze_text)} "
           f"({len(versions)} packages); installing annotated-s4 from {ROOT} at {head}"
           + (" (uncommitted changes are not installed)" if dirty else ""), flush=True)
+    if not args.notebooks and not args.resolve:
+        parser.error("name notebooks to run, or --resolve")
     image = build_image(args.workdir, args.python, args.freeze, os.environ)
+    resolved_ok = True
+    if args.resolve:
+        source = substitute_repository(notebooks.install_cell(url).source, url, ROOT)
+        for runtime, (ok, detail) in resolve(image, os.environ, source, args.workdir).items():
+            resolved_ok &= ok
+            if not ok:
+                print(f"{runtime} runtime: the install cell does not resolve with Colab's "
+                      f"versions held:\n    " + detail.replace("\n", "\n    "))
+                continue
+            shown = [n for n in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax",
+                                 *NEVER_PINNED) if n in detail]
+            print(f"{runtime} runtime: resolves, " + ", ".join(f"{n} {detail[n]}" for n in shown)
+                  + f" ({len(detail)} distributions)")
     results = []
     for path in args.notebooks:
         print(f"running {path} ...", flush=True)
@@ -468,7 +526,7 @@ def main(argv=None):
         results.append(result)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
-    return 0 if all(r["passed"] for r in results) else 1
+    return 0 if resolved_ok and all(r["passed"] for r in results) else 1
 
 
 if __name__ == "__main__":
