@@ -146,6 +146,11 @@ def test_colab_freeze_fixture_is_colabs_cpu_runtime():
                           "jaxlib": "0.7.2", "flax": "0.11.2", "optax": "0.2.8",
                           "ipykernel": "6.17.1", "ipython": "7.34.0", "pip": "24.1.2"}.items():
         assert versions[name] == version, name
+    gpu = colab_run.FREEZE.with_name("colab_freeze.gpu.txt").read_text()
+    assert colab_run.freeze_commit(gpu) == colab_run.freeze_commit(text)
+    cuda = colab_run.parse_freeze(gpu)
+    assert cuda["jax-cuda12-plugin"] == cuda["jax-cuda12-pjrt"] == "0.7.2"
+    assert cuda["nvidia-cuda-runtime-cu12"].startswith("12.8.")
     assert colab_run.parse_freeze("# c\nScikit_Learn==1.6.1\n\n") == {"scikit-learn": "1.6.1"}
     with pytest.raises(ValueError, match="line 2"):
         colab_run.parse_freeze("numpy==2.1.3\ngoogle-colab @ file:///colabtools/dist/x.tar.gz\n")

@@ -326,7 +326,7 @@ def resolve(image, environ, source, workdir):
     """Resolve the install cell's requirements with pip (a dry run, Python 3.13,
     the package index) for Colab's CPU runtime (the `else` branch) and GPU
     runtime (`jax[cuda12]`), holding Colab's versions of NEVER_PINNED fixed,
-    and on the GPU its CUDA plugin and libraries too (colab_freeze.gpu.txt).
+    and on the GPU its CUDA libraries too (colab_freeze.gpu.txt).
     Returns {runtime: (ok, {name: version} that pip picks, or pip's error)}."""
     versions = parse_freeze(FREEZE.read_text())
     fixed = {n: versions[n] for n in NEVER_PINNED}
@@ -334,7 +334,9 @@ def resolve(image, environ, source, workdir):
     for runtime, branch in (("CPU", "else"), ("GPU", "if")):
         held = dict(fixed)
         if runtime == "GPU":
-            held.update(parse_freeze(FREEZE.with_name("colab_freeze.gpu.txt").read_text()))
+            gpu = parse_freeze(FREEZE.with_name("colab_freeze.gpu.txt").read_text())
+            # The CUDA libraries stay; JAX's plugin comes with the jax it serves.
+            held.update({n: v for n, v in gpu.items() if n.startswith("nvidia-")})
         constraints = workdir / f"held-{runtime}.txt"
         constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(held.items())))
         report_path = workdir / f"resolve-{runtime}.json"
@@ -347,7 +349,7 @@ def resolve(image, environ, source, workdir):
                                "-c", str(constraints)], env=env, capture_output=True, text=True)
         if proc.returncode:
             errors = [l for l in (proc.stdout + proc.stderr).splitlines()
-                      if l.startswith(("ERROR", "    ", "The conflict"))]
+                      if l.startswith(("ERROR", "    ", "The conflict")) and "━" not in l]
             out[runtime] = (False, "\n".join(errors[-12:]))
             continue
         picked = {canonical(i["metadata"]["name"]): i["metadata"]["version"]
