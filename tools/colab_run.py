@@ -380,7 +380,7 @@ def run_notebook(path, workdir, image, environ, colab_path, url, timeout):
     """Run all of notebook `path` in a fresh runtime. Returns a result dict."""
     import nbformat
     from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
@@ -389,7 +389,7 @@ def run_notebook(path, workdir, image, environ, colab_path, url, timeout):
     env, kernel_dirs, content = new_runtime(workdir, image, environ, colab_path)
     before = installed(workdir / "runtime" / "venv")
     ksm = KernelSpecManager(kernel_dirs=[str(kernel_dirs)])
-    km = AsyncKernelManager(kernel_name="colab", kernel_spec_manager=ksm)
+    km = KernelManager(kernel_name="colab", kernel_spec_manager=ksm)
     times, current = {}, {"index": None, "start": None}
 
     def start(cell, cell_index):
@@ -412,6 +412,9 @@ def run_notebook(path, workdir, image, environ, colab_path, url, timeout):
     except Exception as e:  # the kernel died, could not start, ...
         result["error"] = {"cell": current["index"], "message": f"{type(e).__name__}: {e}",
                            "detail": ""}
+    finally:  # nbclient leaves a kernel manager it was given running
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     result["seconds"] = time.monotonic() - t0
     result["install_seconds"] = times.get(0)
     result["cells"] = len(nb.cells)
