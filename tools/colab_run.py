@@ -406,7 +406,7 @@ def run_notebook(path, workdir, image, environ, colab_path, url, timeout):
     try:
         client.execute(env=env, cwd=str(content))
     except (CellExecutionError, CellTimeoutError) as e:
-        lines = str(e).strip().splitlines()
+        lines = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()  # no colours
         result["error"] = {"cell": current["index"], "message": lines[-1] if lines else repr(e),
                            "detail": "\n".join(lines[-25:])}
     except Exception as e:  # the kernel died, could not start, ...
