@@ -1,5 +1,7 @@
 """The book's own tooling: the notebook generator, the site checker, the configured versions."""
 
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -9,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import check_site  # noqa: E402
+import colab_run  # noqa: E402
 import notebooks  # noqa: E402
 
 
@@ -105,11 +108,90 @@ def test_python_version_is_stated_once_and_agrees():
     assert "bash .ci/run" in workflow
 
 
-def test_colab_install_cell_pins_the_tested_versions():
+def test_colab_install_cell_pins_what_colab_has_not_imported():
     versions = notebooks.pins()
     source = notebooks.install_cell(notebooks.repository_url()).source
-    for name in notebooks.COLAB_PINS + ("jax",):
-        assert f"{name}=={versions[name]}" in source, name
+    # Exactly the tested versions of COLAB_PINS, but where Colab's numpy needs an
+    # older one; jax on both branches (CPU, CUDA).
+    expected = {n: notebooks.COLAB_VERSIONS.get(n, versions[n]) for n in notebooks.COLAB_PINS}
+    assert colab_run.pinned(source) == {colab_run.canonical(n): v for n, v in expected.items()}
+    assert set(notebooks.COLAB_VERSIONS) <= set(notebooks.COLAB_PINS)
+    assert f'"jax[cuda12]" if shutil.which("nvidia-smi") else "jax"' in source
+    # Nothing Colab's kernel has imported, nor what would bring them along, in any form.
+    line = colab_run.pip_line(source)
+    for name in colab_run.NEVER_PINNED:
+        assert not re.search(rf"(^|[\s\"]){name}\s*(\[[^\]]*\])?\s*[=<>~!]", line, re.I), name
+    assert set(colab_run.NEVER_PINNED) <= set(notebooks.COLAB_UNPINNED)
+    # pip's output shown: Colab's restart prompt reads its "Successfully installed" line.
+    assert not re.search(r"(^|\s)(-q+|--quiet)(\s|$)", line)
+    assert "annotated-s4[book] @ git+" in line
+
+
+def test_colab_run_pinned_reads_the_pins_of_a_pip_line():
+    source = ('import shutil\nname = "jax[cuda12]" if shutil.which("nvidia-smi") else "jax"\n'
+              '%pip install "pkg @ git+https://x/y" "{name}==1.2" Flax_Core==0.3 numpy')
+    assert colab_run.pinned(source) == {"jax": "1.2", "flax-core": "0.3"}
+    with pytest.raises(ValueError, match="one %pip line"):
+        colab_run.pinned("print(1)")
+    with pytest.raises(ValueError, match="does not set other"):
+        colab_run.pinned('%pip install "{other}==1"')
+    assert colab_run.expand(source, "if")[:3] == ["install", "pkg @ git+https://x/y",
+                                                  "jax[cuda12]==1.2"]
+    assert colab_run.expand(source, "else")[2] == "jax==1.2"
+
+
+def test_colab_freeze_fixture_is_colabs_cpu_runtime():
+    text = colab_run.FREEZE.read_text()
+    assert colab_run.freeze_commit(text).startswith("a724079")
+    versions = colab_run.parse_freeze(text)
+    # The versions Colab's runtime of that commit has (backend-info's pip-freeze.txt).
+    for name, version in {"numpy": "2.1.3", "matplotlib": "3.10.0", "pillow": "11.3.0",
+                          "pandas": "2.2.3", "mlxtend": "0.23.4", "jax": "0.7.2",
+                          "jaxlib": "0.7.2", "flax": "0.11.2", "optax": "0.2.8",
+                          "ipykernel": "6.17.1", "ipython": "7.34.0", "pip": "24.1.2"}.items():
+        assert versions[name] == version, name
+    gpu = colab_run.FREEZE.with_name("colab_freeze.gpu.txt").read_text()
+    assert colab_run.freeze_commit(gpu) == colab_run.freeze_commit(text)
+    cuda = colab_run.parse_freeze(gpu)
+    assert cuda["jax-cuda12-plugin"] == cuda["jax-cuda12-pjrt"] == "0.7.2"
+    assert cuda["nvidia-cuda-runtime-cu12"].startswith("12.8.")
+    assert colab_run.parse_freeze("# c\nScikit_Learn==1.6.1\n\n") == {"scikit-learn": "1.6.1"}
+    with pytest.raises(ValueError, match="line 2"):
+        colab_run.parse_freeze("numpy==2.1.3\ngoogle-colab @ file:///colabtools/dist/x.tar.gz\n")
+    with pytest.raises(ValueError, match="commit"):
+        colab_run.freeze_commit("numpy==2.1.3\n")
+
+
+def test_colab_run_installs_this_checkout_instead_of_github():
+    url = notebooks.repository_url()
+    source = notebooks.install_cell(url).source
+    local = colab_run.substitute_repository(source, url, ROOT)
+    assert f"git+{ROOT.resolve().as_uri()}\"" in local and url not in local
+    assert colab_run.pinned(local) == colab_run.pinned(source)
+    with pytest.raises(ValueError, match="does not install from"):
+        colab_run.substitute_repository(source, "https://github.com/other/repo", ROOT)
+
+
+def test_colab_runtime_env_reads_the_package_index_only(tmp_path):
+    environ = {"PATH": "/usr/bin", "PIP_FIND_LINKS": "/opt/wheels", "PIP_CONSTRAINT": "c.txt",
+               "PIP_EXTRA_INDEX_URL": "file:///opt/pypi", "PYTHONPATH": "/work", "HOME": "/root",
+               "PIP_CERT": "/etc/ssl/ca.crt", "JAX_COMPILATION_CACHE_DIR": "/tmp/j"}
+    env = colab_run.runtime_env(environ, tmp_path / "home", tmp_path / "venv")
+    assert env["HOME"] == str(tmp_path / "home")
+    assert env["PATH"].split(":")[0] == str(tmp_path / "venv" / "bin")
+    assert env["PIP_CONFIG_FILE"] == os.devnull and env["PIP_CERT"] == "/etc/ssl/ca.crt"
+    for name in ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_EXTRA_INDEX_URL", "PYTHONPATH",
+                 "JAX_COMPILATION_CACHE_DIR"):
+        assert name not in env
+
+
+def test_colab_run_finds_the_restart_prompt():
+    prompt = {"output_type": "display_data", "metadata": {},
+              "data": {colab_run.RESTART: {"pip_warning": {"packages": ["numpy"]}, "id": "x"}}}
+    cells = [{"outputs": [{"output_type": "stream", "text": "Successfully installed numpy-2"}]},
+             {"outputs": [prompt]}, {"source": "x = 1"}]
+    assert colab_run.restart_prompts(cells) == [["numpy"]]
+    assert colab_run.restart_prompts(cells[:1]) == []
 
 
 # The browser check (tools/check_browser.py) on hand-made pages: one good page,
