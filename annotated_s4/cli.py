@@ -87,8 +87,10 @@ def build_parser():
                               "checkpoint; exit status 1 if a metric moved")
     evaluate.add_argument("run", help="a run directory (config.json, checkpoint.npz, "
                           "metrics.json)")
-    evaluate.add_argument("--tolerance", type=float, default=reference.TOLERANCE,
-                          help="largest difference from metrics.json accepted")
+    evaluate.add_argument("--tolerance", type=float, default=None,
+                          help="largest difference from metrics.json accepted, for every "
+                               "metric (default: each metric's own, what float32 rounding "
+                               "explains)")
     sample = sub.add_parser("sample", help="complete test sequences with a trained "
                             "next-step model, in RNN mode")
     sample.add_argument("run", help="the run directory of a next-token model (charlm, "

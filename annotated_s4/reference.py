@@ -9,7 +9,8 @@ and a pickle-free checkpoint.npz.
     python -m annotated_s4 reference list              # the command of each run
 
 `check` exits with status 1 if a run's metrics are no longer reproduced by
-the code, naming the run and the command that retrains it.
+the code, within the tolerance that float32 rounding explains
+(`runner.compare`), naming the run and the command that retrains it.
 
 Cross-run metrics score one run with another's model, after training: the
 digit generator's completions are read by the 784-step classifier
@@ -35,14 +36,16 @@ import numpy as np
 
 from .checkpoint import RUN_FILES, read_run
 from .registry import build_model, build_optimizer, load_dataset, parse
-from .runner import evaluate_run, load_run, read_config, run
+from .runner import (UNIT_ROUNDOFF, compare, evaluate_run, item_statistics, load_run,
+                     measure_items, read_config, run)
 from .train import evaluate, fit
 
 __all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS", "MNIST_SEEDS", "CHARLM_SEEDS",
-           "OPTIM_SEEDS", "OPTIM_SETTINGS", "MANIFEST", "RAW_URL", "TOLERANCE",
+           "OPTIM_SEEDS", "OPTIM_SETTINGS", "MANIFEST", "RAW_URL",
            "COMPLETION_CLASSIFIERS", "run_dir", "command", "available", "manifest",
            "write_manifest", "locate", "complete_digits", "completion_accuracy",
-           "cross_run_metrics", "reevaluate", "compare", "train", "check", "replay",
+           "completions_on_a_boundary", "cross_run_metrics", "reevaluate", "compare", "train",
+           "check", "replay",
            "add_arguments", "execute", "main"]
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -259,7 +262,6 @@ def locate(name, root=None, url=RAW_URL):
 
 # --- Cross-run metrics and re-evaluation -----------------------------------------
 
-TOLERANCE = 1e-4
 # dataset -> the reference run whose classifier scores a generator's completions.
 COMPLETION_CLASSIFIERS = {"digits-gen": "digits784-s4"}
 
@@ -286,11 +288,46 @@ def completion_accuracy(model, classifier, digits, labels, *, side=28, seed=0):
     return evaluate(classifier, pixels, np.asarray(labels))["accuracy"], completed
 
 
+def completions_on_a_boundary(model, classifier, digits, completed, *, seed=0,
+                              temperature=1.0, side=28):
+    """Which of the `completed` digits another float32 evaluation could complete or
+    read differently (bool, one per digit).
+
+    A sampled token is the argmax of log p / temperature plus Gumbel noise drawn
+    from the step's key (`jax.random.categorical`), and the key does not depend on
+    the device. Given the same earlier tokens, another evaluation moves each
+    perturbed log-probability by at most delta (`runner.rounding_bound`), so
+    it draws the same token wherever the top two lie 2 delta apart or more; by
+    induction over the steps, a digit with no draw closer than that is completed
+    identically, and then read identically unless the classifier's top two
+    lie within its own 2 delta. The log-probabilities are recomputed from the
+    completed tokens (teacher-forced RNN mode, the steps generation took).
+    """
+    from .data import digit_pixels
+    from .sample import rnn_log_probs
+
+    completed = np.asarray(completed)
+    half = np.asarray(digits).shape[1] // 2
+    logp = rnn_log_probs(model, completed)
+    key = jax.random.PRNGKey(seed)
+    on_boundary = np.zeros(len(completed), bool)
+    for t in range(half, completed.shape[1]):
+        noisy = jax.random.gumbel(jax.random.fold_in(key, t), logp[:, t].shape,
+                                  logp.dtype) + logp[:, t] / temperature
+        stats = item_statistics(noisy, completed[:, t])
+        on_boundary |= np.asarray(stats["boundary"] | ~stats["right"])
+    pixels = digit_pixels(completed.reshape(-1, 8, 8), side)
+    reading = measure_items(classifier, pixels, np.zeros(len(pixels), np.int32))
+    return on_boundary | reading["boundary"]
+
+
 def cross_run_metrics(config, data, model):
     """The metrics of a run that another run's model computes: for a digit
     generator, the fraction of test digits whose top half, completed by
     `model`, the reference classifier reads as the true digit (when that run
-    exists: in the repository, or published, see `locate`). {} otherwise."""
+    exists: in the repository, or published, see `locate`), with its
+    tolerance: the fraction of digits whose completion or reading sits on a
+    float32 boundary (`completions_on_a_boundary`). {} otherwise."""
     name = COMPLETION_CLASSIFIERS.get(config.dataset)
     if name is None:
         return {}
@@ -299,21 +336,17 @@ def cross_run_metrics(config, data, model):
     except FileNotFoundError:  # neither trained here nor in the package's manifest
         return {}
     classifier = load_run(directory)[0]
-    accuracy, _ = completion_accuracy(model, classifier, data["x_test"], data["labels_test"])
-    return {"completion_accuracy": accuracy}
+    accuracy, completed = completion_accuracy(model, classifier, data["x_test"],
+                                              data["labels_test"])
+    near = completions_on_a_boundary(model, classifier, data["x_test"], completed)
+    return {"completion_accuracy": accuracy,
+            "tolerance": {"completion_accuracy": float(near.mean()) + UNIT_ROUNDOFF}}
 
 
 def reevaluate(directory):
     """`runner.evaluate_run` of a run directory with its cross-run metrics:
-    (recomputed metrics, run)."""
+    (recomputed metrics, run); the metrics carry their tolerances (`compare`)."""
     return evaluate_run(directory, extra_metrics=cross_run_metrics)
-
-
-def compare(recorded, recomputed, tolerance=TOLERANCE):
-    """{name: (recorded, recomputed)} of the metrics that differ by more than
-    `tolerance`."""
-    return {k: (recorded.get(k), v) for k, v in recomputed.items()
-            if recorded.get(k) is None or abs(recorded[k] - v) > tolerance}
 
 
 # --- Training, checking, replaying ----------------------------------------------

@@ -7,21 +7,37 @@ of the text for a language model), `history.json` (the learning curve),
 Metrics that need another run (a generator scored by a trained classifier)
 are computed after training, by a function passed as `extra_metrics`
 (`annotated_s4.reference.cross_run_metrics`).
+
+Re-evaluating a run is a measurement, repeated on whatever device is at hand,
+so it is compared with the recorded metrics within a tolerance derived from
+float32 arithmetic (`compare`; derived above `rounding_bound`). The
+re-evaluation runs at `jax.default_matmul_precision("float32")`: a GPU's
+TF32 products (10-bit mantissa) would move the logits far more than float32
+rounding does.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
 from .checkpoint import (CHECKPOINT, load_checkpoint, read_checkpoint_info, read_run,
                          save_checkpoint, write_json)
 from .config import RunConfig
 from .registry import (build_model, build_optimizer, count_params, load_dataset, resolve,
                        test_metrics)
-from .train import evaluate, fit, make_mesh, seconds_per_step
+from .models import eval_mode
+from .train import fit, make_mesh, seconds_per_step
 
-__all__ = ["run", "config_of", "read_config", "load_run", "evaluate_run"]
+__all__ = ["run", "config_of", "read_config", "load_run", "evaluate_run", "UNIT_ROUNDOFF",
+           "ROUNDING_UNITS", "SIGMAS", "RECORDED_BATCH", "rounding_bound",
+           "item_statistics", "measure_items", "remeasure", "metrics_of_items", "compare"]
 
 
 def config_of(config, data):
@@ -126,12 +142,135 @@ def load_run(directory):
 
 
 def evaluate_run(directory, extra_metrics=None):
-    """The run's test metrics recomputed from its checkpoint (with
-    ``extra_metrics(config, data, model)``, if given), and the run: its
-    config, history and recorded metrics, the loaded `model` and the `data`
-    it was trained and tested on (the registry's dataset dict)."""
+    """The run's test metrics recomputed from its checkpoint (`remeasure`,
+    with ``extra_metrics(config, data, model)``, if given, at float32 matmul
+    precision), and the run: its config, history and recorded metrics, the
+    loaded `model` and the `data` it was trained and tested on (the
+    registry's dataset dict). The metrics carry their "tolerance" (`compare`)."""
     model, data, run = load_run(directory)
-    metrics = test_metrics(evaluate(model, data["x_test"], data["y_test"]), data)
-    if extra_metrics:
-        metrics.update(extra_metrics(read_config(run["config"], directory), data, model))
+    with jax.default_matmul_precision("float32"):
+        metrics = remeasure(model, data["x_test"], data["y_test"], data)
+        if extra_metrics:
+            extra = dict(extra_metrics(read_config(run["config"], directory), data, model))
+            metrics["tolerance"].update(extra.pop("tolerance", {}))
+            metrics = {**metrics, **extra}
     return metrics, {**run, "model": model, "data": data}
+
+
+# --- Re-evaluation as a measurement: its tolerance ------------------------------------
+# Two float32 evaluations of the same model on the same input (the one that
+# recorded a run's metrics, and a re-evaluation on another machine, another
+# device, another summation order) differ only by rounding. Each evaluation's
+# log-probabilities lie within ROUNDING_UNITS units of float32 roundoff u = 2^-24
+# of the exact ones, relative to the item's scale s = max(1, max_j |log p_j|):
+# against a float64 evaluation of the same weights, the reference runs measured
+# at most 91 units (the 784-step MNIST classifier; 73 for the digit generator, 52
+# for the H3 language model, 24 for the 8 x 8 digit classifier, which
+# tests/test_runner.py checks against the bound). So two evaluations'
+# log-probabilities differ by at most delta = 2 ROUNDING_UNITS u s, and:
+#  * a prediction (the argmax) can differ only where the top two log-probabilities
+#    lie closer than 2 delta: the accuracy may move by (those items) / n;
+#  * each term -log p_y of the loss moves by at most its delta_i. Rounding errors
+#    taken as independent and of mean zero (the probabilistic model of Higham and
+#    Mary, SIAM J. Sci. Comput. 2019), Hoeffding's inequality bounds the mean of n
+#    such moves by SIGMAS sqrt(sum delta_i^2) / n, except with probability
+#    2 exp(-SIGMAS^2 / 2) = 5e-11. The recorded loss is also a float32 mean of
+#    m = batch x tokens nonnegative terms, whose relative rounding error Higham and
+#    Mary bound by SIGMAS sqrt(m) u (failing with probability below
+#    2m exp(-SIGMAS^2 / 2), 1e-5 for m = 256 x 784), plus u for the division:
+#    relative tolerance (SIGMAS sqrt(m) + 1) u on top of the first term.
+#: float32's unit roundoff, 2^-24.
+UNIT_ROUNDOFF = 2.0 ** -24
+#: A float32 evaluation's largest error in a log-probability, in units of roundoff
+#: times the item's scale max(1, max |log p|) (2.8 times the largest measured).
+ROUNDING_UNITS = 256
+#: lambda of the probabilistic bounds, which fail with probability 2 exp(-lambda^2 / 2)
+#: per term bounded.
+SIGMAS = 7
+#: The batch of `train.evaluate`, which recorded the runs' test metrics.
+RECORDED_BATCH = 256
+
+
+def rounding_bound(logp):
+    """delta: how far two float32 evaluations' log-probabilities `logp` (..., classes)
+    can lie apart, per item: 2 ROUNDING_UNITS u max(1, max |log p|)."""
+    scale = jnp.maximum(1.0, jnp.abs(logp).max(-1))
+    return 2 * ROUNDING_UNITS * UNIT_ROUNDOFF * scale
+
+
+def item_statistics(logp, target):
+    """Per item (an example, or a token of a next-step model) of log-probabilities
+    `logp` (..., classes) and integer `target` (...): the loss -log p_target, whether
+    the argmax is the target, whether the top two lie within 2 delta (a float32
+    boundary, `rounding_bound`), and delta."""
+    logp = jnp.asarray(logp)
+    nll = -jnp.take_along_axis(logp, jnp.asarray(target)[..., None], axis=-1)[..., 0]
+    top2 = jax.lax.top_k(logp, 2)[0]
+    delta = rounding_bound(logp)
+    return {"nll": nll, "right": logp.argmax(-1) == target,
+            "boundary": top2[..., 0] - top2[..., 1] < 2 * delta, "delta": delta}
+
+
+@nnx.jit
+def _batch_statistics(model, x, y):
+    return item_statistics(model(x), x if y is None else y)
+
+
+def measure_items(model, x, y=None, batch_size=RECORDED_BATCH):
+    """`item_statistics` of `model` on every item of x, y (y None for next-step
+    models), in eval mode, in batches: numpy arrays."""
+    with eval_mode(model):
+        parts = [jax.device_get(_batch_statistics(
+            model, jnp.asarray(x[i:i + batch_size]),
+            None if y is None else jnp.asarray(y[i:i + batch_size])))
+            for i in range(0, len(x), batch_size)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def remeasure(model, x, y, data, batch_size=RECORDED_BATCH):
+    """A run's test metrics (`registry.test_metrics`) measured again on x, y (y None
+    for next-step models), with the tolerance of each: the metrics' dict holds
+    {"tolerance": {metric: largest difference from the recorded value that
+    float32 rounding explains}} (`metrics_of_items`, derived above)."""
+    items = measure_items(model, x, y, batch_size)
+    return metrics_of_items(items, data, terms=min(batch_size, len(x)) * items["nll"][0].size)
+
+
+def metrics_of_items(items, data, terms):
+    """Test metrics and their tolerances from `item_statistics` of every test item.
+
+    test_loss: the mean of -log p_y (summed in float64), tolerance
+    SIGMAS sqrt(sum delta^2) / n + (SIGMAS sqrt(terms) + 1) u x loss, `terms` the
+    number of terms of one recorded float32 mean; test_accuracy: tolerance
+    (items on a boundary) / n + u (the recorded float32 mean of 0s and 1s is
+    exact but for its division); bits per token: the loss's, / log 2.
+    """
+    nll = np.asarray(items["nll"], np.float64)
+    loss = float(nll.mean())
+    metrics = test_metrics({"loss": loss, "accuracy": float(np.mean(items["right"]))}, data)
+    delta = np.asarray(items["delta"], np.float64)
+    loss_tol = (SIGMAS * math.sqrt(np.sum(delta ** 2)) / delta.size
+                + (SIGMAS * math.sqrt(terms) + 1) * UNIT_ROUNDOFF * loss)
+    tolerance = {"test_loss": loss_tol,
+                 "test_accuracy": float(np.mean(items["boundary"])) + UNIT_ROUNDOFF}
+    for k in metrics:
+        if k.startswith("test_bits_per_"):
+            tolerance[k] = loss_tol / math.log(2)
+    return {**metrics, "tolerance": tolerance}
+
+
+def compare(recorded, recomputed, tolerance=None):
+    """{name: (recorded, recomputed)} of the recomputed metrics that differ from the
+    recorded ones by more than their tolerance: `tolerance` if given (one number for
+    all), else the re-evaluation's own, ``recomputed["tolerance"]`` (`remeasure`); a
+    metric without one must be reproduced to float32 rounding (u relative)."""
+    allowed = recomputed.get("tolerance", {})
+    bad = {}
+    for k, v in recomputed.items():
+        if k == "tolerance":
+            continue
+        tol = tolerance if tolerance is not None else allowed.get(
+            k, UNIT_ROUNDOFF * abs(v))
+        if recorded.get(k) is None or not abs(recorded[k] - v) <= tol:
+            bad[k] = (recorded.get(k), v)
+    return bad

@@ -49,17 +49,30 @@ def op_count(fn, *args):
     operations ("flops") and the transcendental functions, exp, log, sin and the
     like ("transcendentals").
 
-    Counted on the program as traced (`jax.jit(fn).lower(*args)`, before the
-    compiler rewrites it), so the count is the same on every run, where a time
-    is not. A loop body (`jax.lax.scan`) is counted once, whatever its number
-    of iterations: count a recurrence by its step.
+    Counted on the program as traced and lowered for the CPU, before the
+    compiler rewrites it, whatever device the arrays live on: the arguments
+    enter only by their shapes and dtypes (`jax.ShapeDtypeStruct`s, which may
+    also be passed directly), so the same program gives the same count on
+    every machine, where a time does not. (A GPU's lowered program has no
+    such count: its PJRT plugin offers one only after compilation, which has
+    already rewritten the program.) A loop body (`jax.lax.scan`) is counted
+    once, whatever its number of iterations: count a recurrence by its step.
     """
-    cost = jax.jit(fn).lower(*args).cost_analysis()
+    abstract = jax.tree.map(_abstract, args)
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        lowered = jax.jit(fn).trace(*abstract).lower(lowering_platforms=("cpu",))
+        cost = lowered.cost_analysis()
     if isinstance(cost, (list, tuple)):      # some JAX versions: one dict per device
         cost = cost[0]
     if not cost:
-        raise RuntimeError(f"the {jax.default_backend()} backend gave no operation count")
+        raise RuntimeError("XLA gave no operation count for the program lowered for the CPU")
     return {key: float(cost.get(key, 0.0)) for key in ("flops", "transcendentals")}
+
+
+def _abstract(x):
+    """The shape and dtype of an argument (weak type included), with no device."""
+    t = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    return jax.ShapeDtypeStruct(t.shape, t.dtype, weak_type=t.weak_type)
 
 
 def convolution_timings(lengths, N=64, repeats=5, seed=3):

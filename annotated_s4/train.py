@@ -103,7 +103,10 @@ def _eval_batch(model, x, y):
 
 def evaluate(model, x, y=None, batch_size=256, mesh=None):
     """Mean loss and accuracy over a whole split, in eval mode (the model's
-    mode is restored afterwards).
+    mode is restored afterwards), at float32 matmul precision: a measurement,
+    which a GPU's default TF32 products would blur (a run's recorded metrics
+    come from here, and its re-evaluation, `runner.remeasure`, uses the same
+    precision).
 
     With a `mesh`, each evaluation batch is replicated onto its devices (where
     the replicated model lives).
@@ -112,7 +115,7 @@ def evaluate(model, x, y=None, batch_size=256, mesh=None):
     totals = np.zeros(2)
     put = jnp.asarray if mesh is None else (
         lambda a: jax.device_put(a, NamedSharding(mesh, PartitionSpec())))
-    with eval_mode(model):
+    with eval_mode(model), jax.default_matmul_precision("float32"):
         for start in range(0, n, batch_size):
             xb = put(x[start:start + batch_size])
             yb = None if y is None else put(y[start:start + batch_size])

@@ -62,6 +62,28 @@ def test_a_run_the_code_no_longer_reproduces_is_named(monkeypatch):
         evidence.reevaluate_classifier("digits64-s4")
 
 
+def test_a_classifier_whose_weights_moved_is_named_with_its_command(monkeypatch):
+    """A code change that moves the result (here: a 64 x 64 weight matrix scaled
+    by 1.01) fails the re-evaluation, naming the run and the command that
+    re-makes it; float32 rounding alone does not (the test above)."""
+    import jax
+    from flax import nnx
+
+    real_load = evidence.load_run
+
+    def moved(directory):
+        model, data, run = real_load(directory)
+        params = nnx.state(model, nnx.Param)
+        first = next(p for p in jax.tree.leaves(params) if p.shape == (64, 64))
+        nnx.update(model, jax.tree.map(lambda p: p * 1.01 if p is first else p, params))
+        return model, data, run
+
+    monkeypatch.setattr(evidence, "load_run", moved)
+    with pytest.raises(ValueError, match=r"digits64-s4: the code no longer reproduces .*"
+                                         r"make reference RUN=digits64-s4.*annotated_s4 train"):
+        evidence.reevaluate_classifier("digits64-s4")
+
+
 # --- the two-level bootstrap ------------------------------------------------------
 
 def test_compare_arms_with_one_seed_is_the_paired_item_bootstrap():

@@ -180,3 +180,103 @@ def test_cross_run_metrics_apply_to_the_digit_generator_only(monkeypatch):
 
     monkeypatch.setattr(reference, "locate", missing)
     assert reference.cross_run_metrics(RunConfig(dataset="digits-gen"), None, None) == {}
+
+
+def _run_with_a_weight_moved(tmp_path, name, relative):
+    """A copy of run `name` under tmp_path whose checkpoint has its first 64 x 64
+    weight matrix scaled by 1 + relative: what a code change that moves a
+    result does to a re-evaluation."""
+    import shutil
+
+    out = tmp_path / name
+    shutil.copytree(reference.run_dir(name), out)
+    with np.load(out / "checkpoint.npz", allow_pickle=False) as f:
+        arrays = dict(f)
+    leaf = next(k for k in sorted(arrays) if k.startswith("leaf_")
+                and arrays[k].shape == (64, 64))
+    arrays[leaf] = (arrays[leaf] * (1 + relative)).astype(arrays[leaf].dtype)
+    np.savez(out / "checkpoint.npz", **arrays)
+    return tmp_path
+
+
+def test_a_weight_moved_slightly_fails_the_check_naming_the_run(tmp_path):
+    """Scaling one weight matrix by 1.01 moves the test loss beyond what
+    float32 rounding explains: `check` names the run, and the command line says
+    how to re-make it."""
+    from annotated_s4 import cli
+
+    root = _run_with_a_weight_moved(tmp_path, "digits64-s4", 1e-2)
+    lines = []
+    failed = reference.check(["digits64-s4"], root=str(root), log=lines.append)
+    assert list(failed) == ["digits64-s4"] and "test_loss" in failed["digits64-s4"]
+    assert lines[0].startswith("digits64-s4: differs")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["evaluate", str(root / "digits64-s4")])
+    assert e.value.code == 1
+
+
+def test_the_check_passes_unmoved_and_reports_each_metrics_tolerance():
+    """The committed run re-evaluates within its tolerances, which are stated
+    per metric: the loss's from float32 rounding, the accuracy's from the test
+    items on a float32 boundary (none, for this classifier)."""
+    metrics, run = reference.reevaluate(reference.locate("digits64-s4"))
+    assert not reference.compare(run["metrics"], metrics)
+    tolerance = metrics["tolerance"]
+    assert set(tolerance) == {"test_loss", "test_accuracy"}
+    assert tolerance["test_accuracy"] < 1 / len(run["data"]["y_test"])
+    assert 0 < tolerance["test_loss"] < 1e-2 * metrics["test_loss"]
+
+
+def test_the_completion_tolerance_counts_the_digits_another_evaluation_could_change():
+    """completion_accuracy is sampled: a digit's completion can change where a
+    draw's top two (log p plus the step's Gumbel noise) lie within float32
+    rounding, and its reading where the classifier's do. Completing again with
+    every log-probability moved by rounding-size noise changes no digit that
+    `completions_on_a_boundary` leaves out; a completion that is not the
+    model's draw, and a reading on a tie, are counted."""
+    import jax
+
+    from annotated_s4 import runner, sample
+    from annotated_s4.data import DIGIT_LEVELS, load_digits_sequences
+    from annotated_s4.models import eval_mode
+
+    d = load_digits_sequences(side=8, quantize=True)
+    digits = d["x_test"][:8]
+    gen = StackedModel(functools.partial(SSMLayer, N=2, L=64), DIGIT_LEVELS, 4, 1,
+                       rngs=nnx.Rngs(0), vocab_size=DIGIT_LEVELS, classification=False)
+    completed = reference.complete_digits(gen, digits)
+
+    class Reader(nnx.Module):   # log-probabilities: 3, unless ties are asked for
+        def __init__(self, tie):
+            self.tie = tie
+
+        def __call__(self, x):
+            logp = jnp.full((len(x), 10), -5.0).at[:, 3].set(-0.1)
+            return logp.at[:, 4].set(jnp.where(self.tie, -0.1, -5.0))
+
+    flagged = reference.completions_on_a_boundary(gen, Reader(False), digits, completed)
+    assert flagged.dtype == bool and flagged.shape == (8,) and flagged.sum() <= 2
+
+    # Complete again, each step's log-probabilities moved by up to one evaluation's
+    # rounding error (as another device would): the unflagged digits are unchanged.
+    rng = np.random.default_rng(1)
+    key, half = jax.random.PRNGKey(0), 32
+    token = jnp.full((8,), gen.start_token, jnp.int32)
+    again = np.zeros_like(completed)
+    with eval_mode(gen):
+        gen.init_cache(8)
+        for t in range(64):
+            logp = np.asarray(sample._step(gen, token))
+            scale = np.maximum(1.0, np.abs(logp).max(-1, keepdims=True))
+            logp = logp + rng.uniform(-1, 1, logp.shape) * (
+                runner.ROUNDING_UNITS * runner.UNIT_ROUNDOFF * scale)
+            noise = jax.random.gumbel(jax.random.fold_in(key, t), logp.shape)
+            token = (jnp.asarray(digits[:, t]) if t < half
+                     else jnp.argmax(noise + logp, -1).astype(jnp.int32))
+            again[:, t] = np.asarray(token)
+    np.testing.assert_array_equal(again[~flagged], completed[~flagged])
+
+    tampered = completed.copy()
+    tampered[0, 40] = (tampered[0, 40] + 1) % DIGIT_LEVELS   # not what the model drew
+    assert reference.completions_on_a_boundary(gen, Reader(False), digits, tampered)[0]
+    assert reference.completions_on_a_boundary(gen, Reader(True), digits, completed).all()

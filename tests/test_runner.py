@@ -80,3 +80,73 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="--seq-len"):
         runner.run(_args(["--steps", "1", "--dataset", "induction-head", "--seq-len", "0"]),
                   log=None)
+
+
+# --- Re-evaluation as a measurement: the tolerance of `runner.compare` ------------------
+
+def _metrics(logp, y, data={"y_train": np.zeros(1)}):
+    """Test metrics with their tolerances, from log-probabilities (n, classes)."""
+    stats = {k: np.asarray(v) for k, v in runner.item_statistics(logp, y).items()}
+    return runner.metrics_of_items(stats, data, terms=256)
+
+
+def test_re_evaluation_under_a_perturbed_prediction_passes_and_a_real_change_fails():
+    """Another device's float32 evaluation: every log-probability moved by up to one
+    evaluation's rounding error, and three predictions that sat on a float32
+    boundary (top two 1e-6 apart) flipped by it. The comparison accepts that, and
+    refuses a real change: one confident prediction changed, or the loss moved
+    by its tolerance's size."""
+    rng = np.random.default_rng(0)
+    n, classes = 400, 10
+    logp = np.array(jax.nn.log_softmax(5 * rng.standard_normal((n, classes))), np.float32)
+    top = logp.argmax(-1)
+    y = np.where(rng.random(n) < 0.8, top, rng.integers(0, classes, n))
+    edge = np.flatnonzero(y == top)[:3]                  # right, but only just
+    second = (top[edge] + 1) % classes
+    logp[edge, second] = logp[edge, top[edge]] - 1e-6
+    recorded = {k: v for k, v in _metrics(logp, y).items() if k != "tolerance"}
+
+    scale = np.maximum(1.0, np.abs(logp).max(-1, keepdims=True))
+    one_evaluation = runner.ROUNDING_UNITS * runner.UNIT_ROUNDOFF * scale
+    moved = (logp + rng.uniform(-1, 1, logp.shape) * one_evaluation).astype(np.float32)
+    moved[edge, second] = moved[edge, top[edge]] + 1e-6   # the three now answer wrong
+    remeasured = _metrics(moved, y)
+    assert remeasured["test_accuracy"] == pytest.approx(recorded["test_accuracy"] - 3 / n)
+    assert remeasured["tolerance"]["test_accuracy"] >= 3 / n
+    assert remeasured["test_loss"] != recorded["test_loss"]
+    assert runner.compare(recorded, remeasured) == {}
+
+    confident = np.flatnonzero((y == top) & (np.sort(logp, -1)[:, -2] < logp.max(-1) - 1))[0]
+    changed = moved.copy()
+    changed[confident, y[confident]] -= 2.0            # one answer changed, for real
+    bad = runner.compare(recorded, _metrics(changed, y))
+    assert set(bad) == {"test_accuracy", "test_loss"}
+    shifted = {**remeasured, "test_loss": remeasured["test_loss"]
+               + 2 * remeasured["tolerance"]["test_loss"]}
+    assert set(runner.compare(recorded, shifted)) == {"test_loss"}
+    # a metric the recording lacks, and one number for every metric
+    assert runner.compare({}, remeasured).keys() == {"test_loss", "test_accuracy"}
+    assert runner.compare(recorded, remeasured, tolerance=0.0).keys() == {"test_loss",
+                                                                         "test_accuracy"}
+
+
+def test_a_float32_evaluation_stays_within_its_rounding_bound():
+    """The premise of the tolerance: a float32 evaluation's log-probabilities lie
+    within ROUNDING_UNITS units of roundoff (times max(1, max |log p|)) of the
+    exact ones, here a float64 evaluation of the same weights of a reference
+    run (the 8 x 8 digit classifier: 24 units measured)."""
+    from annotated_s4 import evidence, reference
+
+    directory = reference.locate("digits64-s4")
+    model, data, _ = runner.load_run(directory)
+    logp32 = evidence.log_probs(model, data["x_test"])
+    jax.config.update("jax_enable_x64", True)
+    try:
+        model64, _, _ = runner.load_run(directory)   # the same float32 weights
+        logp64 = evidence.log_probs(model64, data["x_test"].astype(np.float64))
+        assert logp64.dtype == np.float64                # computed in float64
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    scale = np.maximum(1.0, np.abs(logp32).max(-1))
+    units = np.abs(logp32 - logp64).max(-1) / (runner.UNIT_ROUNDOFF * scale)
+    assert 0 < units.max() < runner.ROUNDING_UNITS

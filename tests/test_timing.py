@@ -107,3 +107,53 @@ def test_op_count_counts_the_traced_program():
     assert op_count(lambda a, b: a @ b, a, b)["transcendentals"] == 0
     # the same program, counted twice, gives the same numbers
     assert op_count(jnp.exp, jnp.ones(1000)) == counts
+
+
+def test_op_count_needs_no_count_from_the_default_backend(monkeypatch):
+    """On a GPU the default device's backend is a PJRT plugin, whose lowered
+    programs carry no cost analysis (`Lowered.cost_analysis()` is None
+    there). Simulated here: every lowering that is not placed on the CPU
+    device (by `jax.default_device`) reports nothing, as on a GPU machine.
+    op_count still counts, and gives the numbers it gives on the CPU."""
+    import jax
+    import jax._src.xla_bridge as xla_bridge
+    import jax.numpy as jnp
+
+    from annotated_s4.timing import convolution_timings, op_count
+
+    def matmul(a, b):
+        return jnp.exp(a @ b)
+
+    a, b = jnp.ones((8, 16)), jnp.ones((16, 4))
+    on_the_cpu = op_count(matmul, a, b)
+    rows = convolution_timings([32], N=4, repeats=1)
+
+    def plugin(backend=None):   # True: "this backend is a PJRT plugin", as CUDA's is
+        device = jax.config.jax_default_device
+        return getattr(device, "platform", device) != "cpu"
+
+    monkeypatch.setattr(xla_bridge, "using_pjrt_c_api", plugin)
+    assert jax.jit(matmul).lower(a, b).cost_analysis() is None   # the GPU's answer
+    assert op_count(matmul, a, b) == on_the_cpu == {"flops": 2 * 8 * 16 * 4,
+                                                    "transcendentals": 8 * 4}
+    again = convolution_timings([32], N=4, repeats=1)
+    assert [{k: v for k, v in r.items() if k.endswith("_flops")} for r in again] == [
+        {k: v for k, v in r.items() if k.endswith("_flops")} for r in rows]
+
+
+def test_op_count_takes_shapes_and_arrays_on_any_device():
+    """Only shapes and dtypes enter: an array committed to a device, a
+    jax.ShapeDtypeStruct and a Python scalar (weakly typed) all count as the
+    arrays they describe."""
+    import jax
+    import jax.numpy as jnp
+
+    from annotated_s4.timing import op_count
+
+    a = jnp.ones((8, 16))
+    placed = jax.device_put(a, jax.devices()[0])
+    shape = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    counts = op_count(lambda a, s: jnp.sin(a * s), a, 2.0)
+    assert counts == {"flops": 8 * 16, "transcendentals": 8 * 16}
+    assert op_count(lambda a, s: jnp.sin(a * s), placed, 2.0) == counts
+    assert op_count(lambda a, s: jnp.sin(a * s), shape, 2.0) == counts
