@@ -107,3 +107,25 @@ def test_op_count_counts_the_traced_program():
     assert op_count(lambda a, b: a @ b, a, b)["transcendentals"] == 0
     # the same program, counted twice, gives the same numbers
     assert op_count(jnp.exp, jnp.ones(1000)) == counts
+
+
+def test_device_info_names_the_device_and_versions():
+    """What the benchmarks record beside their timings."""
+    import jax
+
+    from annotated_s4.timing import device_info
+
+    info = device_info()
+    assert info["platform"] == jax.default_backend()
+    assert info["device_kind"] == jax.devices()[0].device_kind
+    assert info["jax"] == jax.__version__ and info["jaxlib"]
+    assert info["cpu_cores"] >= 1 and "cpu" in info
+
+
+def test_result_stem_keeps_devices_and_quick_runs_apart():
+    from annotated_s4.timing import result_stem
+
+    assert result_stem("h3", platform_name="cpu") == "h3"
+    assert result_stem("h3", quick=True, platform_name="cpu") == "h3_quick"
+    assert result_stem("h3", platform_name="gpu") == "h3_gpu"
+    assert result_stem("s4", quick=True, platform_name="gpu") == "s4_quick_gpu"
