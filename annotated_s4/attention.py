@@ -15,7 +15,8 @@ from flax import nnx
 from . import _checks as checks
 from .layers import Linear
 
-__all__ = ["CausalSelfAttention", "cached_attention", "causal_attention", "flash_attention"]
+__all__ = ["CausalSelfAttention", "cached_attention", "causal_attention", "flash_attention",
+           "fused_attention", "FUSED_DTYPES"]
 
 
 def _rotary(x, positions):
@@ -179,6 +180,32 @@ def flash_attention(q, k, v, block=512):
     return _unblock(o)[:, :L]
 
 
+# The input precisions of cuDNN's fused attention kernel.
+FUSED_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def _needs_gpu(what):
+    if jax.default_backend() != "gpu":
+        raise ValueError(f"{what} needs an NVIDIA GPU (cuDNN); the backend is "
+                         f"{jax.default_backend()}")
+
+
+def fused_attention(q, k, v, dtype=jnp.bfloat16):
+    """`causal_attention` by JAX's fused cuDNN kernel, a vendor's tuned
+    FlashAttention, to compare `flash_attention` with (NVIDIA GPUs only).
+
+    `jax.nn.dot_product_attention(..., implementation="cudnn")` takes half
+    precision: q, k, v (batch, L, heads, d) are cast to `dtype` (bfloat16 or
+    float16) and the result back to q's dtype.
+    """
+    _needs_gpu("fused_attention")
+    if dtype not in FUSED_DTYPES:
+        raise ValueError(f"dtype must be bfloat16 or float16 (cuDNN's), got {dtype}")
+    o = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
+                                     is_causal=True, implementation="cudnn")
+    return o.astype(q.dtype)
+
+
 class CausalSelfAttention(nnx.Module):
     """Multi-head causal softmax attention with rotary positions (the baseline).
 
@@ -192,12 +219,19 @@ class CausalSelfAttention(nnx.Module):
 
     CNN mode stores the L x L scores (`causal_attention`) unless
     ``flash_block`` is set: then it runs `flash_attention` with blocks of
-    that many positions, O(L) memory, the same result up to rounding.
+    that many positions, O(L) memory, the same result up to rounding; or,
+    with ``fused=True`` (an NVIDIA GPU only), `fused_attention` in bfloat16.
     """
 
     def __init__(self, H, *, rngs: nnx.Rngs, n_heads=4, max_len=2048, step_block=128,
-                 flash_block=None):
+                 flash_block=None, fused=False):
         H, n_heads = checks.positive_int(H, "H"), checks.positive_int(n_heads, "n_heads")
+        if fused:
+            if flash_block is not None:
+                raise ValueError("fused=True and flash_block are two implementations: "
+                                 "give one")
+            _needs_gpu("CausalSelfAttention(fused=True)")
+        self.fused = bool(fused)
         max_len = checks.positive_int(max_len, "max_len")
         if flash_block is not None:
             checks.positive_int(flash_block, "flash_block")
@@ -221,7 +255,9 @@ class CausalSelfAttention(nnx.Module):
         q, k, v = self._split(u)                                    # (b, L, h, d)
         pos = jnp.arange(L)
         q, k = _rotary(q, pos), _rotary(k, pos)
-        if self.flash_block is None:
+        if self.fused:
+            o = fused_attention(q, k, v)
+        elif self.flash_block is None:
             o = causal_attention(q, k, v)
         else:
             o = flash_attention(q, k, v, self.flash_block)

@@ -5,7 +5,11 @@ for a run that may be resumed, of its optimizer) in tree order, each with its
 path in the state tree, plus the step and a JSON string of extra data. Paths
 and shapes are checked on loading, so that a checkpoint written for another
 architecture is refused with a message instead of misread. PRNG keys (dropout
-streams) are stored as their raw key data.
+streams) are stored as their raw key data. A finished run may store its real
+floating-point arrays at a lower precision (``dtype="float16"``: half the
+file); loading casts every array back to the model's own dtype, so the model
+then holds exactly the rounded weights that `round_weights` gives. The file is
+compressed (`np.savez_compressed`); uncompressed files load the same way.
 
 A run directory, as the command line writes it, holds `config.json` (the
 command's options), `history.json` (the learning curve), `metrics.json` (the
@@ -22,11 +26,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-__all__ = ["CHECKPOINT", "RUN_FILES", "save_checkpoint", "load_checkpoint",
-           "read_checkpoint_info", "read_run", "write_json"]
+__all__ = ["CHECKPOINT", "RUN_FILES", "CHECKPOINT_DTYPES", "save_checkpoint",
+           "load_checkpoint", "round_weights", "read_checkpoint_info", "read_run",
+           "write_json"]
 
 CHECKPOINT = "checkpoint.npz"
 RUN_FILES = ("config.json", "history.json", "metrics.json", CHECKPOINT)
+# The precisions a checkpoint may store its real floating-point arrays at
+# (those .npz holds natively; float16 halves a float32 model's file).
+CHECKPOINT_DTYPES = ("float32", "float16")
 
 
 def _path_str(path):
@@ -44,22 +52,38 @@ def _state(nodes):
     return nnx.state(nodes, nnx.Not(nnx.Cache))
 
 
-def save_checkpoint(directory, model, optimizer=None, step=0, extra=None):
+def _checkpoint_dtype(dtype):
+    if dtype is not None and str(np.dtype(dtype)) not in CHECKPOINT_DTYPES:
+        raise ValueError(f"dtype must be one of {CHECKPOINT_DTYPES} (or None: the model's "
+                         f"own), got {dtype!r}")
+    return None if dtype is None else np.dtype(dtype)
+
+
+def _is_real_float(leaf):
+    return jnp.issubdtype(leaf.dtype, jnp.floating)
+
+
+def save_checkpoint(directory, model, optimizer=None, step=0, extra=None, dtype=None):
     """Write the state of `model` (and `optimizer`, if given) and `step` to
-    directory/checkpoint.npz, atomically (a crash leaves the old file)."""
+    directory/checkpoint.npz, atomically (a crash leaves the old file); with
+    `dtype` (one of `CHECKPOINT_DTYPES`), its real floating-point arrays are
+    stored rounded to that precision."""
+    dtype = _checkpoint_dtype(dtype)
     os.makedirs(directory, exist_ok=True)
     leaves = jax.tree_util.tree_leaves_with_path(_state(_nodes(model, optimizer)))
     arrays, paths = {}, []
     for i, (path, leaf) in enumerate(leaves):
         if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             leaf = jax.random.key_data(leaf)
+        elif dtype is not None and _is_real_float(leaf):
+            leaf = leaf.astype(dtype)
         arrays[f"leaf_{i:05d}"] = np.asarray(leaf)
         paths.append(_path_str(path))
     arrays["paths"] = np.array(paths, dtype=str)
     arrays["step"] = np.array(step, dtype=np.int64)
     arrays["extra"] = np.array(json.dumps(extra or {}))
     tmp = os.path.join(directory, CHECKPOINT + ".tmp.npz")
-    np.savez(tmp, **arrays)
+    np.savez_compressed(tmp, **arrays)
     os.replace(tmp, os.path.join(directory, CHECKPOINT))
 
 
@@ -113,6 +137,19 @@ def load_checkpoint(directory, model, optimizer=None):
         extra = json.loads(str(f["extra"]))
     nnx.update(nodes, jax.tree_util.tree_unflatten(treedef, new))
     return step, extra
+
+
+def round_weights(model, dtype):
+    """Round the real floating-point arrays of `model`'s saved state in place
+    to `dtype` (one of `CHECKPOINT_DTYPES`), keeping their own dtype: the
+    model becomes what a checkpoint saved with `dtype` loads as."""
+    dtype = _checkpoint_dtype(dtype)
+    state = _state(model)
+    nnx.update(model, jax.tree_util.tree_map(
+        lambda leaf: leaf.astype(dtype).astype(leaf.dtype)
+        if not jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key) and _is_real_float(leaf)
+        else leaf, state))
+    return model
 
 
 def write_json(directory, name, obj):

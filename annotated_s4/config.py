@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import _checks as checks
+from .checkpoint import CHECKPOINT_DTYPES
 from .layers import S4_INITS, S4D_INITS
 
 __all__ = ["RunConfig", "add_arguments", "from_namespace"]
@@ -80,6 +81,11 @@ class RunConfig:
                                       "S4's recipe: 0", _TRAINING)
     dropout: float = _option(0.0, "dropout rate in every block", _TRAINING)
     seed: int = _option(0, "model init and batch order", _TRAINING)
+    checkpoint_dtype: str | None = _option(
+        None, "store the finished run's weights at this precision (float16: half the "
+        "file); its final metrics are then computed from the rounded weights, so that "
+        "the run is what its checkpoint holds (default: the model's own, float32)",
+        _TRAINING)
     eval_every: int = _option(0, "evaluate on the test split every this many steps (0: at "
                               "the end)", _TRAINING, record=False)
     log_every: int = _option(50, "print the training loss every this many steps",
@@ -121,6 +127,9 @@ class RunConfig:
                 raise ValueError(f"--b-clip applies to --layer s4 only, not {self.layer}")
         if self.independent and self.layer != "s4":
             raise ValueError(f"--independent applies to --layer s4 only, not {self.layer}")
+        if self.checkpoint_dtype is not None and self.checkpoint_dtype not in CHECKPOINT_DTYPES:
+            raise ValueError(f"--checkpoint-dtype must be one of {list(CHECKPOINT_DTYPES)}, "
+                             f"got {self.checkpoint_dtype!r}")
         if self.resume and not self.out:
             raise ValueError("--resume needs --out DIR")
         return self

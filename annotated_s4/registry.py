@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from .checkpoint import CHECKPOINT_DTYPES
 from .config import add_arguments, from_namespace
 from .models import LastTokenModel, StackedModel
 from .train import make_optimizer
@@ -241,7 +242,8 @@ def parser(**kwargs):
     kwargs.setdefault("epilog", "datasets: " + "; ".join(
         f"{name}: {DATASET_HELP[name]}" for name in sorted(DATASETS)))
     return add_arguments(argparse.ArgumentParser(**kwargs),
-                         {"dataset": DATASETS, "layer": LAYERS})
+                         {"dataset": DATASETS, "layer": LAYERS,
+                          "checkpoint_dtype": CHECKPOINT_DTYPES})
 
 
 # One line on each dataset, for --help.

@@ -4,6 +4,9 @@ re-evaluate it.
 A run directory holds `config.json` (`RunConfig.recorded()`, plus the hash
 of the text for a language model), `history.json` (the learning curve),
 `metrics.json` (the final test metrics, written last) and `checkpoint.npz`.
+With `--checkpoint-dtype float16` the finished run's weights are rounded to
+half precision before its final metrics are computed and are stored so: the
+metrics are those of the weights the checkpoint holds.
 Metrics that need another run (a generator scored by a trained classifier)
 are computed after training, by a function passed as `extra_metrics`
 (`annotated_s4.reference.cross_run_metrics`).
@@ -28,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from .checkpoint import (CHECKPOINT, load_checkpoint, read_checkpoint_info, read_run,
-                         save_checkpoint, write_json)
+                         round_weights, save_checkpoint, write_json)
 from .config import RunConfig
 from .registry import (build_model, build_optimizer, count_params, load_dataset, resolve,
                        test_metrics)
@@ -88,7 +91,12 @@ def run(config, log=print, devices=None, extra_metrics=None):
                   seed=config.seed, eval_every=config.eval_every, log=log,
                   log_every=config.log_every, optimizer=optimizer, mesh=mesh, history=history,
                   on_step=checkpoint)
-    metrics = {**test_metrics(history["eval"][-1], data),
+    final = history["eval"][-1]
+    if config.checkpoint_dtype is not None:
+        # the run is the weights its checkpoint stores: score those
+        round_weights(model, config.checkpoint_dtype)
+        final = evaluate(model, data["x_test"], data["y_test"], mesh=mesh)
+    metrics = {**test_metrics(final, data),
                **(extra_metrics(config, data, model) if extra_metrics else {}),
                "steps": config.steps, "parameters": n_params, "devices": n_dev,
                "seconds_per_step": seconds_per_step(history),
@@ -98,7 +106,8 @@ def run(config, log=print, devices=None, extra_metrics=None):
     if config.out:
         # A finished run keeps the model only: the optimizer's state is needed
         # to resume an unfinished run, and would triple the file.
-        save_checkpoint(config.out, model, None, config.steps, {"config": recorded})
+        save_checkpoint(config.out, model, None, config.steps, {"config": recorded},
+                        dtype=config.checkpoint_dtype)
         for name, obj in [("config", recorded), ("history", history), ("metrics", metrics)]:
             write_json(config.out, f"{name}.json", obj)
     return {**metrics, "history": history, "model": model}

@@ -7,6 +7,9 @@ measuring code. These are harnesses: the chapters call them, they do not show th
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import platform
 import statistics
 import time
 
@@ -23,7 +26,56 @@ from .ssm import K_conv
 
 __all__ = ["time_fn", "peak_bytes", "training_peak_bytes", "convolution_timings",
            "layer_scaling", "crossover", "KERNELS", "kernel_fns", "layer_kernel_fn",
-           "kernel_scaling", "loglog_slope", "linearity", "generation_throughput", "op_count"]
+           "kernel_scaling", "loglog_slope", "linearity", "generation_throughput", "op_count",
+           "device_info", "result_stem"]
+
+
+def _cpu_model():
+    """The host processor's name, from /proc/cpuinfo (Linux) or `platform`."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip().lower() in ("model name", "hardware", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
+
+
+def _version(package):
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def device_info():
+    """What a measurement ran on, for a benchmark to record beside its
+    timings: JAX's platform ("cpu", "gpu", "tpu"), the kind and number of its
+    devices, the JAX and jaxlib versions (and the CUDA plugin's, if any),
+    and the host's CPU model and the cores this process may use."""
+    device = jax.devices()[0]
+    info = {"platform": device.platform, "device_kind": device.device_kind,
+            "device_count": jax.device_count(), "jax": jax.__version__,
+            "jaxlib": _version("jaxlib"), "cpu": _cpu_model(),
+            "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count()}
+    plugins = {p: v for p in ("jax-cuda13-plugin", "jax-cuda12-plugin")
+               if (v := _version(p)) is not None}
+    if plugins:
+        info["cuda_plugin"] = plugins
+    return info
+
+
+def result_stem(stem, quick=False, platform_name=None):
+    """The name (without extension) a benchmark writes its results under:
+    `stem`, then ``_quick`` for a reduced sweep, then the platform for any
+    platform but the CPU (``h3_gpu``), so that results measured on one kind
+    of device never replace another's."""
+    platform_name = platform_name or jax.default_backend()
+    return stem + ("_quick" if quick else "") + ("" if platform_name == "cpu"
+                                                 else f"_{platform_name}")
 
 
 def time_fn(fn, *args, warmup=1, repeats=5):

@@ -7,7 +7,9 @@ batch) and compiled with its gradient (a training step's first call). The
 layers are S4Layer and S4DLayer at H = 128, N = 64, L = 1024, batch 8, the
 configuration of `bench_s4.py`'s layer rows. Median of `--repeats` processes.
 
-Writes benchmarks/results/first_call.json.
+Writes benchmarks/results/first_call.json (--quick: first_call_quick.json; on
+a GPU the names end in _gpu), recording the device, the JAX and jaxlib
+versions and the CPU model (read in this process, after the measured ones).
 
     python benchmarks/bench_first_call.py [--repeats 3]
 """
@@ -67,7 +69,10 @@ def main(argv=None):
     out = {"command": "python benchmarks/bench_first_call.py" + (" --quick" if args.quick else ""),
            "config": {"H": 128, "N": 64, "L": 1024, "batch": 8, "repeats": repeats},
            "layers": rows}
-    stem = "first_call_quick" if args.quick else "first_call"
+    from annotated_s4.timing import device_info, result_stem
+
+    out["device"] = device_info()
+    stem = result_stem("first_call", args.quick, out["device"]["platform"])
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
     return out
 

@@ -4,7 +4,9 @@
    with head_dim 1 and state size 64, i.e. 32 complex modes per diagonal SSM,
    the H3 authors' defaults; attention with 2 heads, as the
    memory-efficient `flash_attention` in blocks of FLASH_BLOCK positions (the
-   baseline) and as the plain form that stores the L x L scores) at
+   baseline) and as the plain form that stores the L x L scores; on an NVIDIA
+   GPU also as JAX's fused cuDNN kernel in bfloat16, `fused_attention`, which
+   is skipped, and said to be, on any other backend) at
    L = 2048, 4096, 8192, 16384 (``--quick``: 512, 1024, 2048), and the peak
    memory of the compiled programs (XLA's own accounting of arguments,
    outputs and temporaries), by `annotated_s4.timing.layer_scaling`, the
@@ -20,9 +22,12 @@
    ``--quick``: 7).
 
 Writes benchmarks/results/h3.json (chapter 7 loads the committed copy of the
-full run) and h3_scaling.png; ``--quick`` writes h3_quick.json and
-h3_quick_scaling.png instead. Timings vary with the machine and its load;
-the ratios are what to compare.
+full run, measured on a CPU) and h3_scaling.png; ``--quick`` writes
+h3_quick.json and h3_quick_scaling.png instead; on a GPU the names end in
+_gpu (h3_gpu.json), so a GPU's results never replace the CPU's. The JSON
+records the device, the JAX and jaxlib versions and the CPU model
+(`annotated_s4.timing.device_info`). Timings vary with the machine and its
+load; the ratios are what to compare.
 
     python benchmarks/bench_h3.py [--quick]
 """
@@ -37,27 +42,36 @@ import jax
 from flax import nnx
 
 from annotated_s4 import CausalSelfAttention, H3Layer, StackedModel
-from annotated_s4.timing import crossover, generation_throughput, layer_scaling
+from annotated_s4.timing import (crossover, device_info, generation_throughput, layer_scaling,
+                                 result_stem)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 D_MODEL, HEAD_DIM, STATE_SIZE, N_HEADS, VOCAB = 256, 1, 64, 2, 64
 FLASH_BLOCK = 512
 ATTENTIONS = ("flash attention", "attention")    # the baseline first
+FUSED = "cuDNN attention (bfloat16)"             # a GPU's fused kernel, where there is one
 
 
 def h3_layer(H, rngs):
     return H3Layer(H, rngs=rngs, head_dim=HEAD_DIM, state_size=STATE_SIZE)
 
 
-def attention_layer(H, rngs, max_len, flash_block=None):
+def attention_layer(H, rngs, max_len, flash_block=None, fused=False):
     return CausalSelfAttention(H, rngs=rngs, n_heads=N_HEADS, max_len=max_len,
-                               flash_block=flash_block)
+                               flash_block=flash_block, fused=fused)
+
+
+def attentions():
+    """The attention forms measured here: the fused kernel only on a GPU."""
+    return ATTENTIONS + ((FUSED,) if jax.default_backend() == "gpu" else ())
 
 
 def layer_sweep(lengths, repeats):
     layers = {"H3": h3_layer(D_MODEL, nnx.Rngs(0)),
               "flash attention": attention_layer(D_MODEL, nnx.Rngs(0), max(lengths), FLASH_BLOCK),
               "attention": attention_layer(D_MODEL, nnx.Rngs(0), max(lengths))}
+    if FUSED in attentions():
+        layers[FUSED] = attention_layer(D_MODEL, nnx.Rngs(0), max(lengths), fused=True)
     return layer_scaling(layers, lengths, D_MODEL, repeats=repeats,
                          log=lambda line: print(line, flush=True))
 
@@ -83,7 +97,7 @@ def summarize(rows, gen, lengths, prompts):
         name: {str(L): {key: t[name][key] / t["H3"][key] for key in keys
                         if t["H3"].get(key) and t[name].get(key)}
                for L, t in sorted(table.items())}
-        for name in ATTENTIONS}
+        for name in attentions()}
     tps = {str(P): {r["layer"]: r["tokens_per_s"] for r in gen if r["prompt"] == P}
            for P in prompts}
     first, last = str(min(prompts)), str(max(prompts))
@@ -91,7 +105,7 @@ def summarize(rows, gen, lengths, prompts):
         "crossover_L": {
             name: {key: crossover(rows, key, slow=name)
                    for key in ("forward_s", "forward_backward_s", "forward_backward_peak_bytes")}
-            for name in ATTENTIONS},
+            for name in attentions()},
         "attention_over_H3": ratios,
         "L_max": max(lengths),
         "generation_tokens_per_s": tps,
@@ -109,14 +123,18 @@ def main(argv=None):
     else:
         lengths, repeats, prompts, n_new, batch, rounds = (
             [2048, 4096, 8192, 16384], 5, [512, 4096], 128, 8, 9)
-    print(f"backend {jax.default_backend()}; d_model {D_MODEL}, H3 head_dim {HEAD_DIM} "
+    device = device_info()
+    print(f"device {device['device_kind']} ({device['platform']}), CPU {device['cpu']}, "
+          f"jax {device['jax']}; d_model {D_MODEL}, H3 head_dim {HEAD_DIM} "
           f"state {STATE_SIZE}, attention heads {N_HEADS}, batch 1")
     rows = layer_sweep(lengths, repeats)
     gen = generation(prompts, n_new, batch, rounds)
     summary = summarize(rows, gen, lengths, prompts)
 
     peak = lambda r: (r.get("forward_backward_peak_bytes") or 0) / 2**20  # noqa: E731
-    for name in ATTENTIONS:
+    skipped = {} if FUSED in attentions() else {
+        FUSED: f"needs an NVIDIA GPU; the backend is {jax.default_backend()}"}
+    for name in attentions():
         print(f"\n{name} against H3")
         print("     L   H3 fwd (ms)  attn fwd (ms)  attn/H3   H3 f+b (ms)  attn f+b (ms)  attn/H3"
               "  H3 peak (MiB)  attn peak (MiB)")
@@ -127,6 +145,8 @@ def main(argv=None):
                   f"{a['forward_backward_s'] * 1e3:14.1f} "
                   f"{a['forward_backward_s'] / h['forward_backward_s']:8.2f} "
                   f"{peak(h):14.1f} {peak(a):16.1f}")
+    for name, why in skipped.items():
+        print(f"\n{name}: skipped ({why})")
     print("\nprompt   H3 tokens/s   attention tokens/s   H3/attention")
     for P, t in summary["generation_tokens_per_s"].items():
         print(f"{P:>6} {t['H3']:13.0f} {t['attention']:20.0f} {t['H3'] / t['attention']:14.2f}")
@@ -134,12 +154,14 @@ def main(argv=None):
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"command": "python benchmarks/bench_h3.py" + (" --quick" if args.quick else ""),
-           "backend": jax.default_backend(), "quick": args.quick,
+           "backend": jax.default_backend(), "device": device, "quick": args.quick,
+           "skipped": skipped,
            "config": {"d_model": D_MODEL, "head_dim": HEAD_DIM, "state_size": STATE_SIZE,
                       "attention_heads": N_HEADS, "flash_block": FLASH_BLOCK, "layer_batch": 1, "generation_batch": batch,
                       "new_tokens": n_new, "repeats": repeats, "generation_rounds": rounds},
            "layers": rows, "generation": gen, "summary": summary}
-    stem = "h3_quick" if args.quick else "h3"      # a quick run never replaces the full results
+    # a quick run never replaces the full results, nor a GPU's the CPU's
+    stem = result_stem("h3", args.quick)
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
     try:
         import matplotlib
@@ -150,10 +172,11 @@ def main(argv=None):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, key, title in ((axes[0], "forward_s", "forward"),
                            (axes[1], "forward_backward_s", "forward + backward")):
-        for name in ("H3",) + ATTENTIONS:
+        for name in ("H3",) + attentions():
             ax.loglog([r["L"] for r in rows if r["layer"] == name],
                       [r[key] for r in rows if r["layer"] == name], "o-", base=2, label=name)
-        ax.set(xlabel="sequence length L", ylabel="seconds", title=f"{title}, d_model {D_MODEL}")
+        ax.set(xlabel="sequence length L", ylabel="seconds",
+               title=f"{title}, d_model {D_MODEL}, {device['device_kind']}")
         ax.legend()
     fig.tight_layout()
     fig.savefig(RESULTS / f"{stem}_scaling.png", dpi=100)

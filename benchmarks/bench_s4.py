@@ -25,7 +25,11 @@ Usage:  python benchmarks/bench_s4.py [--quick] [--step-only]
 --quick runs a reduced sweep (CPU CI budgets): L = 1k, 4k, H = 32, and
 generation at L = 32, 64, 128 (the step comparison keeps N = 64, H = 128).
 --step-only runs section 3 alone.
-Writes benchmarks/results/s4.json and benchmarks/results/s4.png.
+Writes benchmarks/results/s4.json and s4.png (--quick: s4_quick.json and
+s4_quick.png; --step-only: s4_step.json); on a GPU the names end in _gpu
+(s4_gpu.json), so that one device's results never replace another's. The
+JSON records the device, the JAX and jaxlib versions and the CPU model
+(`annotated_s4.timing.device_info`).
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ from flax import nnx
 
 from annotated_s4 import S4DLayer, S4Layer
 from annotated_s4.s4 import discrete_DPLR, dplr_rnn, dplr_step, unfold_conj
-from annotated_s4.timing import kernel_scaling, linearity, loglog_slope
-from annotated_s4.timing import time_fn
+from annotated_s4.timing import (device_info, kernel_scaling, linearity, loglog_slope,
+                                 result_stem, time_fn)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -162,10 +166,11 @@ def main(argv=None):
     H = 32 if quick else 128
     N, batch = 64, 8
     repeats = 3 if quick else 5
-    out = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "quick": quick,
+    out = {"backend": jax.default_backend(), "device": device_info(), "quick": quick,
            "N": N, "H": H, "batch": batch, "lengths": lengths, "kernel": {}, "layer": {}}
 
-    print(f"backend {out['backend']}, N = {N}, H = {H}, batch = {batch}")
+    print(f"device {out['device']['device_kind']} ({out['backend']}), CPU "
+          f"{out['device']['cpu']}, N = {N}, H = {H}, batch = {batch}")
     step_section(out, repeats, quick)
     if args.step_only:
         return _write(out, plot_it=False)
@@ -235,13 +240,13 @@ def main(argv=None):
 
 def _write(out, plot_it):
     os.makedirs(RESULTS, exist_ok=True)
-    name = "s4_step.json" if not plot_it else "s4.json"
-    with open(os.path.join(RESULTS, name), "w") as f:
+    stem = result_stem("s4" if plot_it else "s4_step", out["quick"])
+    with open(os.path.join(RESULTS, f"{stem}.json"), "w") as f:
         json.dump(out, f, indent=2)
-    print(f"wrote {RESULTS}/{name}")
+    print(f"wrote {RESULTS}/{stem}.json")
     if plot_it:
-        plot(out, os.path.join(RESULTS, "s4.png"))
-        print(f"wrote {RESULTS}/s4.png")
+        plot(out, os.path.join(RESULTS, f"{stem}.png"))
+        print(f"wrote {RESULTS}/{stem}.png")
     return out
 
 
@@ -275,7 +280,7 @@ def plot(out, path):
                        label=f"{name.upper()} {'RNN steps' if mode == 'rnn' else 'CNN per prefix'}")
     ax3.set_xlabel("generated length L"); ax3.set_title("generation")
     ax3.legend(fontsize=8)
-    fig.suptitle(f"bench_s4 on {out['backend']}", fontsize=10)
+    fig.suptitle(f"bench_s4 on {out['device']['device_kind']} ({out['backend']})", fontsize=10)
     plt.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

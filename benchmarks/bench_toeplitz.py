@@ -13,7 +13,10 @@ the per-token speed-up of the half form.
 Prints tables of medians, writes benchmarks/results/toeplitz.json and
 benchmarks/results/toeplitz_fig2.png, toeplitz_fig3.png. ``--headline`` runs
 only the n = 2048 ETSC-vs-gradient comparison (same d, compilation excluded
-for both) and writes benchmarks/results/toeplitz_headline.json.
+for both) and writes benchmarks/results/toeplitz_headline.json. A quick run's
+names have _quick after "toeplitz", and on a GPU every name ends in _gpu, so
+that one device's results never replace another's; the JSON records the
+device, the JAX and jaxlib versions and the CPU model.
 
 Timing is like for like: ETSC and the gradient fit run at the same d, each
 warmed up once (so neither time includes compilation) before being timed.
@@ -33,7 +36,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from annotated_s4.timing import time_fn  # noqa: E402
+from annotated_s4.timing import device_info, result_stem, time_fn  # noqa: E402
 from annotated_s4.decoders import CacheDecoder, FFTDecoder, SSMDecoder  # noqa: E402
 from annotated_s4.toeplitz import etsc, fit_toeplitz_gradient, ssm_to_toeplitz  # noqa: E402
 
@@ -193,7 +196,7 @@ def table(rows, keys):
         print("  ".join(f"{r[k]:>14.4g}" if isinstance(r[k], float) else f"{r[k]:>14}" for k in keys))
 
 
-def plot(res):
+def plot(res, stem):
     f2 = res["fig2"]
     fig, ax = plt.subplots(1, 4, figsize=(17, 3.6))
     for key, x, col, title in (("a", "n", 0, "d = 64"), ("b", "d", 2, "n = 2048")):
@@ -208,7 +211,7 @@ def plot(res):
                         ylim=(1e-8, 3))
         ax[col].legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "toeplitz_fig2.png", dpi=110)
+    fig.savefig(RESULTS / f"{stem}_fig2.png", dpi=110)
     f3 = res["fig3"]
     fig, ax = plt.subplots(2, 3, figsize=(14, 7))
     for col, key in enumerate(("n", "d", "layers")):
@@ -222,7 +225,7 @@ def plot(res):
         ax[1, col].set(xlabel=key, ylabel="state + temporaries (MiB)")
     ax[0, 0].legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "toeplitz_fig3.png", dpi=110)
+    fig.savefig(RESULTS / f"{stem}_fig3.png", dpi=110)
 
 
 def main():
@@ -234,11 +237,14 @@ def main():
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.headline:
-        res = {"backend": jax.default_backend(), **headline(args.steps or 300)}
-        (RESULTS / "toeplitz_headline.json").write_text(json.dumps(res, indent=1))
-        print(f"wrote {RESULTS / 'toeplitz_headline.json'}")
+        res = {"backend": jax.default_backend(), "device": device_info(),
+               **headline(args.steps or 300)}
+        path = RESULTS / f"{result_stem('toeplitz_headline')}.json"
+        path.write_text(json.dumps(res, indent=1))
+        print(f"wrote {path}")
         return
-    res = {"backend": jax.default_backend(), "quick": args.quick}
+    res = {"backend": jax.default_backend(), "device": device_info(), "quick": args.quick}
+    stem = result_stem("toeplitz", args.quick)
     res["fig2"] = fig2(args.quick, args.steps)
     print("Figure 2 (a): d = 64")
     table(res["fig2"]["a"], ["n", "seconds", "rel_error"])
@@ -268,9 +274,9 @@ def main():
             for x in sorted({r[key] for r in rows})]
         print(f"half-state speed-up (full / half seconds per token) against {key}")
         table(res["half_speedup"][key], [key, "exact_full_over_half", "fixed_full_over_half"])
-    (RESULTS / "toeplitz.json").write_text(json.dumps(res, indent=1))
-    plot(res)
-    print(f"wrote {RESULTS / 'toeplitz.json'}")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
+    plot(res, stem)
+    print(f"wrote {RESULTS / stem}.json, {stem}_fig2.png and {stem}_fig3.png")
 
 
 if __name__ == "__main__":

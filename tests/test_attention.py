@@ -82,7 +82,8 @@ def test_attention_step_past_max_len_under_jit_is_nan():
 
 # --- The memory-efficient (FlashAttention) form ---------------------------------
 
-from annotated_s4.attention import causal_attention, flash_attention  # noqa: E402
+from annotated_s4.attention import (causal_attention, flash_attention,  # noqa: E402
+                                    fused_attention)
 
 
 @pytest.mark.parametrize("L, block", [(1, 4), (7, 4), (16, 4), (37, 8), (64, 64), (64, 512)])
@@ -132,3 +133,35 @@ def test_flash_block_is_checked():
         CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, flash_block=0)
     with pytest.raises(TypeError, match="block"):
         flash_attention(jnp.ones((1, 4, 1, 2)), jnp.ones((1, 4, 1, 2)), jnp.ones((1, 4, 1, 2)), 2.5)
+
+
+ON_GPU = jax.default_backend() == "gpu"
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the fused kernel runs (the next test)")
+def test_fused_attention_is_refused_without_a_gpu():
+    x = jnp.ones((1, 8, 2, 8))
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
+        fused_attention(x, x, x)
+    with pytest.raises(ValueError, match="fused=True"):
+        CausalSelfAttention(16, rngs=nnx.Rngs(0), n_heads=2, fused=True)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="cuDNN's fused attention needs an NVIDIA GPU")
+def test_fused_attention_equals_attention_to_bfloat16_precision():
+    """The fused kernel computes causal attention from bfloat16 inputs (an
+    8-bit mantissa: relative rounding 2^-8 of each input and of the output,
+    about 1e-2 of the output in all), so it agrees with the float32 form to
+    within 3e-2 of the output's scale; its gradient flows."""
+    q, k, v = (_u((2, 256, 2, 64), seed) for seed in range(3))
+    with jax.default_matmul_precision("float32"):
+        want = causal_attention(q, k, v)
+    got = fused_attention(q, k, v)
+    assert got.dtype == q.dtype
+    assert float(jnp.abs(got - want).max()) < 3e-2 * float(jnp.abs(want).max())
+    g = jax.grad(lambda q: fused_attention(q, k, v).sum())(q)
+    assert bool(jnp.all(jnp.isfinite(g)))
+    with pytest.raises(ValueError, match="dtype"):
+        fused_attention(q, k, v, dtype=jnp.float32)
+    with pytest.raises(ValueError, match="flash_block"):
+        CausalSelfAttention(16, rngs=nnx.Rngs(0), n_heads=2, fused=True, flash_block=8)

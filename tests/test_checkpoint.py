@@ -2,6 +2,7 @@
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -44,3 +45,30 @@ def test_checkpoint_roundtrip_and_mismatch(tmp_path):
         checkpoint.load_checkpoint(tmp_path, m3, o3)
     with pytest.raises(FileNotFoundError):
         checkpoint.load_checkpoint(tmp_path / "nowhere", m1, o1)
+
+
+def test_a_checkpoint_stored_at_half_precision_loads_as_the_rounded_model(tmp_path):
+    """dtype="float16" stores the real floating-point arrays rounded (integer
+    state, such as dropout streams' counters, as it is); loading casts them back
+    to the model's float32, giving exactly `round_weights`' model."""
+    def make(seed):
+        return StackedModel(functools.partial(SSMLayer, N=2, L=8), 3, 4, 1,
+                            rngs=nnx.Rngs(seed), dropout=0.1)
+
+    m = make(0)
+    checkpoint.save_checkpoint(tmp_path, m, dtype="float16")
+    with np.load(tmp_path / "checkpoint.npz", allow_pickle=False) as f:
+        dtypes = {str(f[k].dtype) for k in f.files if k.startswith("leaf_")}
+    assert "float16" in dtypes and "float32" not in dtypes and "uint32" in dtypes
+    loaded = make(1)
+    checkpoint.load_checkpoint(tmp_path, loaded)
+    rounded = checkpoint.round_weights(m, "float16")
+    a, b = nnx.state(rounded, nnx.Param), nnx.state(loaded, nnx.Param)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        assert x.dtype == y.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert any(np.any(np.asarray(x) != np.asarray(y)) for x, y in zip(
+        jax.tree_util.tree_leaves(nnx.state(make(0), nnx.Param)),
+        jax.tree_util.tree_leaves(a)))
+    with pytest.raises(ValueError, match="dtype"):
+        checkpoint.save_checkpoint(tmp_path, m, dtype="int8")

@@ -1,5 +1,7 @@
 """Tests for annotated_s4.runner: training into a run directory, resume, bad options."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -38,6 +40,27 @@ def test_resume_continues_exactly(tmp_path, monkeypatch):
     b = nnx.state(resumed["model"], nnx.Param)
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_half_precision_run_is_what_its_checkpoint_holds(tmp_path):
+    """With --checkpoint-dtype float16 the checkpoint stores float16 weights, and
+    the recorded metrics are those of the model loaded from it (which rounding
+    moved from the float32 weights' last evaluation)."""
+    out = tmp_path / "half"
+    result = runner.run(_args(["--steps", "3", "--checkpoint-dtype", "float16",
+                               "--out", str(out)]), log=None)
+    with np.load(out / "checkpoint.npz", allow_pickle=False) as f:
+        dtypes = {str(f[k].dtype) for k in f.files if k.startswith("leaf_")}
+    assert "float16" in dtypes and "float32" not in dtypes
+    metrics, run = runner.evaluate_run(str(out))
+    assert run["config"]["checkpoint_dtype"] == "float16"
+    for k, v in metrics.items():
+        assert run["metrics"][k] == v, k
+    assert run["metrics"]["test_loss"] != result["history"]["eval"][-1]["loss"]
+    with pytest.raises(ValueError, match="--checkpoint-dtype"):
+        dataclasses.replace(_args([]), checkpoint_dtype="int8").check()
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--checkpoint-dtype", "int8"])
 
 
 def test_resume_refuses_a_different_configuration(tmp_path):

@@ -157,3 +157,25 @@ def test_op_count_takes_shapes_and_arrays_on_any_device():
     assert counts == {"flops": 8 * 16, "transcendentals": 8 * 16}
     assert op_count(lambda a, s: jnp.sin(a * s), placed, 2.0) == counts
     assert op_count(lambda a, s: jnp.sin(a * s), shape, 2.0) == counts
+
+
+def test_device_info_names_the_device_and_versions():
+    """What the benchmarks record beside their timings."""
+    import jax
+
+    from annotated_s4.timing import device_info
+
+    info = device_info()
+    assert info["platform"] == jax.default_backend()
+    assert info["device_kind"] == jax.devices()[0].device_kind
+    assert info["jax"] == jax.__version__ and info["jaxlib"]
+    assert info["cpu_cores"] >= 1 and "cpu" in info
+
+
+def test_result_stem_keeps_devices_and_quick_runs_apart():
+    from annotated_s4.timing import result_stem
+
+    assert result_stem("h3", platform_name="cpu") == "h3"
+    assert result_stem("h3", quick=True, platform_name="cpu") == "h3_quick"
+    assert result_stem("h3", platform_name="gpu") == "h3_gpu"
+    assert result_stem("s4", quick=True, platform_name="gpu") == "s4_quick_gpu"
