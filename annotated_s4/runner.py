@@ -2,7 +2,8 @@
 re-evaluate it.
 
 A run directory holds `config.json` (`RunConfig.recorded()`, plus the hash
-of the text for a language model), `history.json` (the learning curve),
+of the text for a language model; `read_run` reads an older, flat one in the
+present layout), `history.json` (the learning curve),
 `metrics.json` (the final test metrics, written last) and `checkpoint.npz`.
 Metrics that need another run (a generator scored by a trained classifier)
 are computed after training, by a function passed as `extra_metrics`
@@ -14,14 +15,15 @@ from __future__ import annotations
 import os
 import time
 
-from .checkpoint import (CHECKPOINT, load_checkpoint, read_checkpoint_info, read_run,
-                         save_checkpoint, write_json)
-from .config import RunConfig
+from . import checkpoint as _checkpoint
+from .checkpoint import (CHECKPOINT, load_checkpoint, read_checkpoint_info, save_checkpoint,
+                         write_json)
+from .config import EXTRA_KEYS, RunConfig
 from .registry import (build_model, build_optimizer, count_params, load_dataset, resolve,
                        test_metrics)
 from .train import evaluate, fit, make_mesh, seconds_per_step
 
-__all__ = ["run", "config_of", "read_config", "load_run", "evaluate_run"]
+__all__ = ["run", "config_of", "read_config", "read_run", "load_run", "evaluate_run"]
 
 
 def config_of(config, data):
@@ -36,6 +38,21 @@ def config_of(config, data):
 def read_config(recorded, directory):
     """The checked `RunConfig` that a run's config.json dict `recorded` holds."""
     return resolve(RunConfig.from_recorded(recorded, f"{directory}/config.json"))
+
+
+def _present(recorded, source):
+    """A config.json dict in the present layout (a flat one migrated), its
+    extra keys (the corpus hash) kept."""
+    extra = {k: v for k, v in recorded.items() if k in EXTRA_KEYS}
+    return {**RunConfig.from_recorded(recorded, source).recorded(), **extra}
+
+
+def read_run(directory):
+    """A run directory's config, history and metrics (`checkpoint.read_run`),
+    its config in the present layout: the layer's options under
+    "layer_options", however old the file."""
+    run = _checkpoint.read_run(directory)
+    return {**run, "config": _present(run["config"], f"{directory}/config.json")}
 
 
 def run(config, log=print, devices=None, extra_metrics=None):
@@ -96,7 +113,8 @@ def _resume(config, model, optimizer, recorded, log):
             and os.path.exists(os.path.join(config.out, CHECKPOINT))):
         return None
     step, extra, _ = read_checkpoint_info(config.out)
-    saved = extra.get("config") or {}
+    saved = extra.get("config")
+    saved = _present(saved, f"{config.out}/{CHECKPOINT}") if saved else {}
     if saved != recorded:
         changed = sorted(k for k in recorded if saved.get(k) != recorded[k])
         raise ValueError(f"--resume: the checkpoint in {config.out} was written with a "
