@@ -190,7 +190,8 @@ def epilog(width=88):
     """The help's last part: the datasets, then each layer's options."""
     datasets = textwrap.fill("datasets: " + "; ".join(
         f"{name}: {DATASET_HELP[name]}" for name in sorted(DATASETS)), width)
-    layers = [layer_parser(name).format_help().strip() for name in LAYERS]
+    layers = [layer_parser(name).format_help().strip()  # empty for a layer without options
+              or f"--layer {name}: {LAYERS[name].help} (no options)" for name in LAYERS]
     return "\n\n".join([datasets, "the options of each layer (after --layer NAME):", *layers])
 
 

@@ -116,12 +116,19 @@ def _resume(config, model, optimizer, recorded, log):
     saved = extra.get("config")
     saved = _present(saved, f"{config.out}/{CHECKPOINT}") if saved else {}
     if saved != recorded:
-        changed = sorted(k for k in recorded if saved.get(k) != recorded[k])
+        changed = _differences(saved, recorded)
         raise ValueError(f"--resume: the checkpoint in {config.out} was written with a "
                          f"different configuration (differs in: {', '.join(changed)})")
     load_checkpoint(config.out, model, optimizer)
     log(f"resumed from {config.out} at step {step}")
     return extra["history"]
+
+
+def _differences(saved, recorded):
+    """The options in which two config.json dicts differ, a layer's by name."""
+    old, new = saved.get("layer_options", {}), recorded["layer_options"]
+    return sorted([k for k in recorded if k != "layer_options" and saved.get(k) != recorded[k]]
+                  + [k for k in set(old) | set(new) if old.get(k) != new.get(k)])
 
 
 def load_run(directory):
