@@ -1,6 +1,8 @@
 """The Annotated S4: structured state space models, from the SSM to S4, H3 and ETSC.
 
 Modules follow the book's reading order; later ones import only earlier ones.
+Importing the package imports every layer module, and with it each layer's
+registration in `annotated_s4.catalog` (what ``--layer`` names).
 """
 
 import os as _os
@@ -24,6 +26,7 @@ from .layers import *  # noqa: F401,F403,E402
 from .models import *  # noqa: F401,F403,E402
 from .h3 import *  # noqa: F401,F403,E402
 from .attention import *  # noqa: F401,F403,E402
+from .gru import *  # noqa: F401,F403,E402
 from .toeplitz import *  # noqa: F401,F403,E402
 from .selective import *  # noqa: F401,F403,E402
 from .ssd import *  # noqa: F401,F403,E402

@@ -97,6 +97,11 @@ def number(value, name, *, low=-math.inf, high=math.inf, low_open=False, high_op
     return value
 
 
+def positive_number(value, name):
+    """A real Python/numpy scalar above 0."""
+    return number(value, name, low=0.0, low_open=True)
+
+
 def choice(value, name, choices):
     """One of `choices`."""
     if value not in choices:

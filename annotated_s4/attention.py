@@ -6,6 +6,8 @@ computes all positions at once; RNN mode keeps a key-value cache.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import jax
@@ -13,10 +15,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
+from .catalog import LayerOptions, option, register_layer
+from .h3 import H3Options, build_h3
 from .layers import Linear
 
-__all__ = ["CausalSelfAttention", "cached_attention", "causal_attention", "flash_attention",
-           "fused_attention", "FUSED_DTYPES"]
+__all__ = ["CausalSelfAttention", "AttentionOptions", "HybridOptions", "cached_attention",
+           "causal_attention", "flash_attention", "fused_attention", "FUSED_DTYPES"]
 
 
 def _rotary(x, positions):
@@ -287,3 +291,30 @@ class CausalSelfAttention(nnx.Module):
         # traced past the end: dynamic_update_slice clamped t, so the write
         # above overwrote the last slot; make the result unmistakably wrong
         return jnp.where(t < self.max_len, out, jnp.nan)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionOptions(LayerOptions):
+    """The options of `CausalSelfAttention` on the command line."""
+
+    n_heads: int = option(4, "attention heads (they divide --d-model)",
+                          check=checks.positive_int)
+
+
+def build_attention(options, L):
+    """The `CausalSelfAttention` factory of `options`, its cache L positions long."""
+    return functools.partial(CausalSelfAttention, n_heads=options.n_heads, max_len=L)
+
+
+register_layer("attention", AttentionOptions, build_attention,
+               help="causal softmax attention with rotary positions (chapter 7's baseline)")
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridOptions(AttentionOptions, H3Options):
+    """The hybrid's options: H3's and attention's."""
+
+
+register_layer("hybrid", HybridOptions,
+               lambda options, L: [build_h3(options, L), build_attention(options, L)],
+               help="H3 and attention in alternate blocks, the H3 paper's hybrid")

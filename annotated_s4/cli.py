@@ -6,8 +6,9 @@
     python -m annotated_s4 reference list|train|check [NAME ...]
 
 (`annotated-s4`, the console script, is the same command.) `train` takes the
-options of `annotated_s4.config.RunConfig`; `python -m annotated_s4.cli` with
-those options and no subcommand still means `train`.
+options of `annotated_s4.config.RunConfig` and those of the layer that
+--layer names (its registered options class); `python -m annotated_s4.cli`
+with those options and no subcommand still means `train`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from . import _checks as checks
 from . import reference
 from .config import from_namespace
+from .registry import parse_layer_options, resolve
 from .registry import parser as run_parser
 from .runner import evaluate_run, load_run, run
 from .sample import generate
@@ -31,8 +33,11 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 _ERRORS = (ValueError, TypeError, FloatingPointError, FileNotFoundError)
 
 
-def _train(args):
-    result = run(from_namespace(args), extra_metrics=reference.cross_run_metrics)
+def _train(args, layer_args=()):
+    """Train: `args` holds the common options, `layer_args` the rest of the
+    command line, the options of the layer that --layer names."""
+    config = from_namespace(args, parse_layer_options(args.layer, list(layer_args)))
+    result = run(resolve(config), extra_metrics=reference.cross_run_metrics)
     return {k: v for k, v in result.items() if k not in ("model", "history")}
 
 
@@ -82,7 +87,8 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True, help="what to do")
     train = run_parser(add_help=False)
     sub.add_parser("train", parents=[train], help="train a model into a run directory",
-                   description=train.description, epilog=train.epilog)
+                   description=train.description, epilog=train.epilog,
+                   formatter_class=train.formatter_class, allow_abbrev=False)
     evaluate = sub.add_parser("evaluate", help="re-evaluate a run directory from its "
                               "checkpoint; exit status 1 if a metric moved")
     evaluate.add_argument("run", help="a run directory (config.json, checkpoint.npz, "
@@ -113,9 +119,12 @@ def build_parser():
 
 def main(argv=None):
     """Entry point of `python -m annotated_s4` and of the `annotated-s4` script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)  # train's rest: the layer's options
+    if rest and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        return COMMANDS[args.command](args)
+        return COMMANDS[args.command](*((args, rest) if args.command == "train" else (args,)))
     except _ERRORS as e:
         raise SystemExit(f"error: {e}")
 

@@ -8,11 +8,14 @@ no convolution: CNN mode is the RNN run over the sequence with `jax.lax.scan`
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
+from .catalog import LayerOptions, register_layer
 
 __all__ = ["GRULayer"]
 
@@ -47,3 +50,7 @@ class GRULayer(nnx.Module):
         h, _ = self.cell(self.cache[...], u_t)
         self.cache[...] = h
         return h
+
+
+register_layer("gru", LayerOptions, lambda options, L: functools.partial(GRULayer, L=L),
+               help="a gated recurrent layer, chapter 6's baseline")

@@ -15,6 +15,8 @@ baseline is `attention.CausalSelfAttention`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import jax
@@ -22,7 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
-from .layers import Linear, S4DLayer, scale_channels
+from .catalog import option, register_layer
+from .layers import Linear, S4DLayer, SSMOptions, scale_channels
 from .ssm import causal_convolution
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "causal_conv",
     "ShiftSSM",
     "H3Layer",
+    "H3Options",
 ]
 
 
@@ -308,3 +312,25 @@ class H3Layer(nnx.Module):
         y = y + self.diag.D[...][:, None, None] * kv
         o = jnp.einsum("bhi,bhij->bhj", q, y).reshape(u_t.shape)
         return self.W_O(o)
+
+
+@dataclasses.dataclass(frozen=True)
+class H3Options(SSMOptions):
+    """The options of `H3Layer` on the command line: the head dimension, and
+    the state size and initial steps of each head's diagonal SSM."""
+
+    state_size: int = option(16, "N, the state size of each head's diagonal SSM (even: "
+                             "N/2 complex modes)", check=checks.even_int)
+    head_dim: int = option(8, "the head dimension d_h (it divides --d-model)",
+                           check=checks.positive_int)
+
+
+def build_h3(options, L):
+    """The `H3Layer` factory of `options` (any length L: its kernels are built
+    for the input's)."""
+    return functools.partial(H3Layer, head_dim=options.head_dim,
+                             state_size=options.state_size, **options.steps())
+
+
+register_layer("h3", H3Options, build_h3,
+               help="H3: shifted keys and a diagonal-SSM memory (chapter 7)")

@@ -5,6 +5,7 @@ in `models` (CNN mode ``layer(u)``, RNN mode ``init_cache`` then ``step``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
+from .catalog import LayerOptions, option, register_layer
 from .hippo import make_DPLR_HiPPO
 from .s4 import (discretize_diagonal, dplr_rnn, dplr_step, kernel_DPLR,
                  s4d_inv_init, s4d_lin_init, vandermonde)
@@ -21,6 +23,9 @@ __all__ = [
     "log_step_initializer",
     "SSMParam",
     "SSMLayer",
+    "SSMOptions",
+    "S4Options",
+    "S4DOptions",
     "S4Layer",
     "S4_INITS",
     "S4D_INITS",
@@ -98,6 +103,31 @@ class SSMLayer(nnx.Module):
         self.cache[...] = x
         y = jnp.einsum("hn,bhn->bh", self.Cb[...], x)
         return y + self.D[...] * u_t
+
+
+@dataclasses.dataclass(frozen=True)
+class SSMOptions(LayerOptions):
+    """The options of the Part I SSM layer: the state size and the range of
+    the initial steps (S4's, S4D's and H3's options start from these)."""
+
+    state_size: int = option(16, "N, the SSM state size", check=checks.positive_int)
+    dt_min: float = option(0.001, "smallest initial SSM step size (log-uniform in "
+                           "[dt-min, dt-max])", check=checks.positive_number)
+    dt_max: float = option(0.1, "largest initial SSM step size", check=checks.positive_number)
+
+    def validate(self):
+        super().validate()
+        checks.number(self.dt_max, "--dt-max", low=self.dt_min)
+        return self
+
+    def steps(self):
+        """The keyword arguments of the initial step range."""
+        return {"dt_min": self.dt_min, "dt_max": self.dt_max}
+
+
+register_layer("ssm", SSMOptions,
+               lambda o, L: functools.partial(SSMLayer, N=o.state_size, L=L, **o.steps()),
+               help="the Part I SSM: a dense learned A per channel, its kernel by powers of Ab")
 
 
 # --------------------------------------------------------------------------
@@ -289,6 +319,34 @@ class S4Layer(nnx.Module):
         return y + self.D[...] * u_t
 
 
+_EVEN_STATE = "N, the SSM state size (even: N/2 complex modes)"
+
+
+@dataclasses.dataclass(frozen=True)
+class S4Options(SSMOptions):
+    """The options of `S4Layer` on the command line."""
+
+    state_size: int = option(16, _EVEN_STATE, check=checks.even_int)
+    init: str = option("hippo", "the state matrix's initialisation: hippo, random (HiPPO's "
+                       "scale, random frequencies) or gaussian (a random Gaussian matrix in "
+                       "NPLR form, the S4 paper's ablation)", choices=S4_INITS)
+    b_clip: float | None = option(None, "clip the imaginary part of B (in the DPLR basis) to "
+                                  "+-B_CLIP at initialisation, as the S4 authors' code does "
+                                  "(B_clip = 2)", check=checks.positive_number)
+    independent: bool = option(False, "every channel its own Lambda, P, B (the S4 paper's "
+                               "layer) instead of one copy shared by the channels",
+                               check=checks.flag)
+
+
+def _build_s4(o, L):
+    return functools.partial(S4Layer, N=o.state_size, L=L, shared=not o.independent,
+                             init=o.init, b_clip=o.b_clip, **o.steps())
+
+
+register_layer("s4", S4Options, _build_s4,
+               help="S4: a DPLR state matrix, HiPPO-initialised (chapter 5)")
+
+
 class S4DLayer(nnx.Module):
     """H channels of a diagonal SSM (S4D): N/2 complex modes per channel.
 
@@ -349,6 +407,21 @@ class S4DLayer(nnx.Module):
         self.cache[...] = x
         y = jnp.einsum("hn,bhn->bh", self.C2[...], x).real
         return y + self.D[...] * u_t
+
+
+@dataclasses.dataclass(frozen=True)
+class S4DOptions(SSMOptions):
+    """The options of `S4DLayer` on the command line."""
+
+    state_size: int = option(16, _EVEN_STATE, check=checks.even_int)
+    init: str = option("lin", "the diagonal's initialisation: lin (S4D-Lin) or inv (S4D-Inv)",
+                       choices=tuple(S4D_INITS))
+
+
+register_layer("s4d", S4DOptions,
+               lambda o, L: functools.partial(S4DLayer, N=o.state_size, L=L, init=o.init,
+                                              **o.steps()),
+               help="S4D: a diagonal state matrix (chapter 5)")
 
 
 # --------------------------------------------------------------------------

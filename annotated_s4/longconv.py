@@ -11,12 +11,15 @@ whatever the position; the original is left as it was.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from . import _checks as checks
+from .catalog import LayerOptions, register_layer
 from .decoders import SSMDecoder
 from .ssm import causal_convolution
 from .toeplitz import decay_powers, etsc, etsc_kernel
@@ -141,6 +144,12 @@ class SGConvLayer(_LongConvolution):
         t = jnp.concatenate(pieces, axis=0)
         t = t[:L] if L <= t.shape[0] else jnp.pad(t, ((0, L - t.shape[0]), (0, 0)))
         return t.T
+
+
+register_layer("tnn", LayerOptions, lambda options, L: functools.partial(TNNLayer, L=L),
+               help="TNN: a kernel from a relative-position MLP and a decay (chapter 8)")
+register_layer("sgconv", LayerOptions, lambda options, L: functools.partial(SGConvLayer, L=L),
+               help="SGConv: a kernel of upsampled, decaying sub-kernels (chapter 8)")
 
 
 class ETSCLayer(_LongConvolution):

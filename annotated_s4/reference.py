@@ -113,20 +113,23 @@ RUNS["mnist-gen-s4"] = ["--dataset", "mnist-small-gen", "--layer", "s4"] + _MNIS
 # Chapter 7's character language models: four layers each, about 0.95M
 # parameters (931k to 970k: the widths differ because the layers do), the
 # same 32 x 128 x 1200 training characters.
-# --state-size is each layer's own (attention records the S4D's, unused).
-# Their weights are stored at half precision (their metrics are those of the
-# stored weights): twelve float32 checkpoints would be most of the repository.
-_CHARLM = ["--dataset", "charlm", "--n-layers", "4", "--head-dim", "1", "--n-heads", "4",
-           "--batch-size", "32", "--steps", "1200", "--dropout", "0.2",
-           "--eval-every", "100", "--log-every", "100", "--checkpoint-dtype", "float16"]
+# H3's heads have dimension 1 (--head-dim), attention has 4 heads (--n-heads);
+# --state-size is each SSM layer's own. Their weights are stored at half
+# precision (their metrics are those of the stored weights): twelve float32
+# checkpoints would be most of the repository.
+_CHARLM = ["--dataset", "charlm", "--n-layers", "4", "--batch-size", "32", "--steps", "1200",
+           "--dropout", "0.2", "--eval-every", "100", "--log-every", "100",
+           "--checkpoint-dtype", "float16"]
 # Chapter 8's long-convolution language models, which it converts with ETSC.
 _LONGCONV = ["--dataset", "charlm", "--d-model", "64", "--batch-size", "32", "--steps", "2000",
              "--eval-every", "200", "--log-every", "200"]
 RUNS.update({
-    "charlm-h3": _CHARLM + ["--layer", "h3", "--d-model", "176", "--state-size", "128"],
-    "charlm-hybrid": _CHARLM + ["--layer", "hybrid", "--d-model", "184", "--state-size", "128"],
+    "charlm-h3": _CHARLM + ["--layer", "h3", "--d-model", "176", "--state-size", "128",
+                            "--head-dim", "1"],
+    "charlm-hybrid": _CHARLM + ["--layer", "hybrid", "--d-model", "184", "--state-size", "128",
+                                "--head-dim", "1", "--n-heads", "4"],
     "charlm-attention": _CHARLM + ["--layer", "attention", "--d-model", "192",
-                                   "--state-size", "64"],
+                                   "--n-heads", "4"],
     "charlm-s4d": _CHARLM + ["--layer", "s4d", "--d-model", "288", "--state-size", "64"],
     "tnn-charlm": _LONGCONV + ["--layer", "tnn"],
     "sgconv-charlm": _LONGCONV + ["--layer", "sgconv"],

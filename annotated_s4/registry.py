@@ -11,32 +11,37 @@ Two plain dicts name what a run can build:
   for the bits-per-token metric's name), vocab (the characters a token
   stands for) and labels_test (the digit of each test sequence of a
   generation task).
-* `LAYERS`: name -> builder(config, L) returning a layer factory
-  ``factory(H, rngs=...)`` (the layer contract of `annotated_s4.models`), or a
-  list of factories used in turn.
+* `LAYERS`: name -> `catalog.LayerEntry`, the layers that registered
+  themselves in their own modules (`annotated_s4.catalog.register_layer`):
+  each with its options class and ``build(options, L)``, which returns a layer
+  factory ``factory(H, rngs=...)`` (the layer contract of
+  `annotated_s4.models`), or a list of factories used in turn.
 
-Add an entry to extend the command line. `parse` turns command-line options
-into a checked `RunConfig` with the dataset's default sizes filled in.
+Add a dataset entry, or register a layer, to extend the command line. `parse`
+turns command-line options into a checked `RunConfig` with the dataset's
+default sizes filled in, in two stages: the common options (--layer among
+them), then the options of the layer they name.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
+import textwrap
 
 import jax
 import numpy as np
 from flax import nnx
 
+from .catalog import LAYERS
 from .checkpoint import CHECKPOINT_DTYPES
-from .config import add_arguments, from_namespace
+from .config import add_arguments, add_layer_arguments, from_namespace
 from .models import LastTokenModel, StackedModel
 from .train import make_optimizer
 
-__all__ = ["DATASETS", "LAYERS", "RECALL_DEFAULTS", "CHARLM_DEFAULTS", "parser", "parse",
-           "resolve", "load_dataset", "build_model", "build_optimizer", "count_params",
-           "test_metrics"]
+__all__ = ["DATASETS", "LAYERS", "RECALL_DEFAULTS", "CHARLM_DEFAULTS", "parser",
+           "layer_parser", "parse", "parse_layer_options", "resolve", "load_dataset",
+           "build_model", "build_optimizer", "count_params", "test_metrics"]
 
 
 # --- Datasets --------------------------------------------------------------------
@@ -148,102 +153,48 @@ DATASETS = {
 }
 
 
-# --- Layers ----------------------------------------------------------------------
-
-
-def _steps(config):
-    """The range the SSM layers draw their initial step sizes from."""
-    return {"dt_min": config.dt_min, "dt_max": config.dt_max}
-
-
-def _init(config):
-    """The state matrix's initialisation, where --init names one."""
-    return {} if config.init is None else {"init": config.init}
-
-
-def _ssm_layer(config, L):
-    from .layers import SSMLayer
-
-    return functools.partial(SSMLayer, N=config.state_size, L=L, **_steps(config))
-
-
-def _s4_layer(config, L):
-    from .layers import S4Layer
-
-    clip = {} if config.b_clip is None else {"b_clip": config.b_clip}
-    return functools.partial(S4Layer, N=config.state_size, L=L, shared=not config.independent,
-                             **_steps(config), **_init(config), **clip)
-
-
-def _s4d_layer(config, L):
-    from .layers import S4DLayer
-
-    return functools.partial(S4DLayer, N=config.state_size, L=L, **_steps(config), **_init(config))
-
-
-def _h3_layer(config, L):
-    from .h3 import H3Layer
-
-    return functools.partial(H3Layer, head_dim=config.head_dim, state_size=config.state_size,
-                             **_steps(config))
-
-
-def _attention_layer(config, L):
-    from .attention import CausalSelfAttention
-
-    return functools.partial(CausalSelfAttention, n_heads=config.n_heads, max_len=L)
-
-
-def _tnn_layer(config, L):
-    from .longconv import TNNLayer
-
-    return functools.partial(TNNLayer, L=L)
-
-
-def _sgconv_layer(config, L):
-    from .longconv import SGConvLayer
-
-    return functools.partial(SGConvLayer, L=L)
-
-
-def _hybrid_layer(config, L):
-    """H3 with attention in every second layer (one attention layer in a
-    2-layer model), the hybrid of the H3 paper at small scale."""
-    return [_h3_layer(config, L), _attention_layer(config, L)]
-
-
-def _gru_layer(config, L):
-    from .gru import GRULayer
-
-    return functools.partial(GRULayer, L=L)
-
-
-LAYERS = {
-    "ssm": _ssm_layer,
-    "gru": _gru_layer,
-    "s4": _s4_layer,
-    "s4d": _s4d_layer,
-    "h3": _h3_layer,
-    "attention": _attention_layer,
-    "hybrid": _hybrid_layer,
-    "tnn": _tnn_layer,
-    "sgconv": _sgconv_layer,
-}
-
-
 # --- From options to a model --------------------------------------------------------
 
 
 def parser(**kwargs):
-    """The options of a training run (`RunConfig`'s fields) with the registry's
-    dataset and layer names as their choices."""
+    """The common options of a training run (`RunConfig`'s fields) with the
+    registry's dataset and layer names as their choices; the help's epilog
+    lists the datasets and each layer's options."""
     kwargs.setdefault("description", "Train a stacked SSM / S4 / S4D / H3 / attention model "
                       "on an offline dataset (or MNIST, downloaded once).")
-    kwargs.setdefault("epilog", "datasets: " + "; ".join(
-        f"{name}: {DATASET_HELP[name]}" for name in sorted(DATASETS)))
+    kwargs.setdefault("epilog", epilog())
+    kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+    kwargs.setdefault("allow_abbrev", False)  # an abbreviation could take a layer's option
     return add_arguments(argparse.ArgumentParser(**kwargs),
                          {"dataset": DATASETS, "layer": LAYERS,
                           "checkpoint_dtype": CHECKPOINT_DTYPES})
+
+
+class _LayerParser(argparse.ArgumentParser):
+    """A layer's options: a bad value raises ValueError naming the option, as
+    the checks of `RunConfig` do, instead of exiting."""
+
+    def error(self, message):
+        raise ValueError(f"{self.prog}: {message}")
+
+
+def layer_parser(layer):
+    """The options of `layer` (a registered name), one argument group titled
+    with the layer's name and help."""
+    parser = _LayerParser(prog=f"--layer {layer}", add_help=False, usage=argparse.SUPPRESS,
+                          allow_abbrev=False)
+    add_layer_arguments(parser.add_argument_group(f"--layer {layer}: {LAYERS[layer].help}"),
+                        layer)
+    return parser
+
+
+def epilog(width=88):
+    """The help's last part: the datasets, then each layer's options."""
+    datasets = textwrap.fill("datasets: " + "; ".join(
+        f"{name}: {DATASET_HELP[name]}" for name in sorted(DATASETS)), width)
+    layers = [layer_parser(name).format_help().strip()  # empty for a layer without options
+              or f"--layer {name}: {LAYERS[name].help} (no options)" for name in LAYERS]
+    return "\n\n".join([datasets, "the options of each layer (after --layer NAME):", *layers])
 
 
 # One line on each dataset, for --help.
@@ -265,8 +216,40 @@ DATASET_HELP = {
 
 def parse(argv):
     """The checked `RunConfig` that command-line options `argv` (a list of
-    strings) describe, the dataset's default sizes filled in."""
-    return resolve(from_namespace(parser().parse_args(argv)))
+    strings) describe, the dataset's default sizes filled in: the common
+    options first, then the options of the layer they name."""
+    namespace, rest = parser().parse_known_args(argv)
+    return resolve(from_namespace(namespace, parse_layer_options(namespace.layer, rest)))
+
+
+def parse_layer_options(layer, argv):
+    """The options of `layer` that the command-line options `argv` give (the
+    ones left after the common options); an option that the layer does not
+    take is refused, naming the layer (and the layers that take it)."""
+    namespace, unknown = layer_parser(layer).parse_known_args(argv)
+    for arg in unknown:
+        if arg.startswith("-") and not _is_number(arg):
+            name = arg.split("=")[0]
+            owners = [n for n in LAYERS if name in _flags(n)]
+            where = f"; it is an option of --layer {', '.join(owners)}" if owners else ""
+            raise ValueError(f"{name} is not an option of --layer {layer}{where} (the "
+                             f"options of {layer}: {' '.join(_flags(layer)) or 'none'})")
+    if unknown:
+        raise ValueError(f"unrecognised arguments: {' '.join(unknown)}")
+    return LAYERS[layer].options(**vars(namespace))
+
+
+def _flags(layer):
+    """The command-line flags of `layer`'s options."""
+    return [a.option_strings[0] for a in layer_parser(layer)._actions]
+
+
+def _is_number(text):
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 def resolve(config):
@@ -274,8 +257,6 @@ def resolve(config):
     filled in, checked (a new `RunConfig`)."""
     if config.dataset not in DATASETS:
         raise ValueError(f"--dataset must be one of {sorted(DATASETS)}, got {config.dataset!r}")
-    if config.layer not in LAYERS:
-        raise ValueError(f"--layer must be one of {sorted(LAYERS)}, got {config.layer!r}")
     seq_len, vocab_size = RECALL_DEFAULTS.get(config.dataset, (None, None))
     if config.dataset == "charlm":
         seq_len = CHARLM_DEFAULTS["seq_len"]
@@ -297,8 +278,9 @@ def build_model(config, data):
     # The length the layers see: a recall task's model reads x plus one
     # placeholder for the answer (LastTokenModel).
     L = data["x_train"].shape[1] + (1 if data.get("last_token") else 0)
+    layer = LAYERS[config.layer].build(config.layer_options, L)
     model = StackedModel(
-        LAYERS[config.layer](config, L), data["d_output"], config.d_model, config.n_layers,
+        layer, data["d_output"], config.d_model, config.n_layers,
         rngs=nnx.Rngs(config.seed), d_input=data["d_input"],
         vocab_size=data["vocab_size"], classification=data["classification"],
         dropout=config.dropout,

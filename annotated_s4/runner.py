@@ -2,7 +2,8 @@
 re-evaluate it.
 
 A run directory holds `config.json` (`RunConfig.recorded()`, plus the hash
-of the text for a language model), `history.json` (the learning curve),
+of the text for a language model; `read_run` reads an older, flat one in the
+present layout), `history.json` (the learning curve),
 `metrics.json` (the final test metrics, written last) and `checkpoint.npz`.
 With `--checkpoint-dtype float16` the finished run's weights are rounded to
 half precision before its final metrics are computed and are stored so: the
@@ -30,16 +31,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .checkpoint import (CHECKPOINT, load_checkpoint, read_checkpoint_info, read_run,
-                         round_weights, save_checkpoint, write_json)
-from .config import RunConfig
+from . import checkpoint as _checkpoint
+from .checkpoint import (CHECKPOINT, load_checkpoint, read_checkpoint_info, round_weights,
+                         save_checkpoint, write_json)
+from .config import EXTRA_KEYS, RunConfig
 from .registry import (build_model, build_optimizer, count_params, load_dataset, resolve,
                        test_metrics)
 from .models import eval_mode
 from .train import fit, make_mesh, seconds_per_step
 
-__all__ = ["run", "config_of", "read_config", "load_run", "evaluate_run", "UNIT_ROUNDOFF",
-           "ROUNDING_UNITS", "SIGMAS", "RECORDED_BATCH", "rounding_bound",
+__all__ = ["run", "config_of", "read_config", "read_run", "load_run", "evaluate_run",
+           "UNIT_ROUNDOFF", "ROUNDING_UNITS", "SIGMAS", "RECORDED_BATCH", "rounding_bound",
            "item_statistics", "measure_items", "remeasure", "metrics_of_items", "compare"]
 
 
@@ -55,6 +57,21 @@ def config_of(config, data):
 def read_config(recorded, directory):
     """The checked `RunConfig` that a run's config.json dict `recorded` holds."""
     return resolve(RunConfig.from_recorded(recorded, f"{directory}/config.json"))
+
+
+def _present(recorded, source):
+    """A config.json dict in the present layout (a flat one migrated), its
+    extra keys (the corpus hash) kept."""
+    extra = {k: v for k, v in recorded.items() if k in EXTRA_KEYS}
+    return {**RunConfig.from_recorded(recorded, source).recorded(), **extra}
+
+
+def read_run(directory):
+    """A run directory's config, history and metrics (`checkpoint.read_run`),
+    its config in the present layout: the layer's options under
+    "layer_options", however old the file."""
+    run = _checkpoint.read_run(directory)
+    return {**run, "config": _present(run["config"], f"{directory}/config.json")}
 
 
 def run(config, log=print, devices=None, extra_metrics=None):
@@ -121,14 +138,22 @@ def _resume(config, model, optimizer, recorded, log):
             and os.path.exists(os.path.join(config.out, CHECKPOINT))):
         return None
     step, extra, _ = read_checkpoint_info(config.out)
-    saved = extra.get("config") or {}
+    saved = extra.get("config")
+    saved = _present(saved, f"{config.out}/{CHECKPOINT}") if saved else {}
     if saved != recorded:
-        changed = sorted(k for k in recorded if saved.get(k) != recorded[k])
+        changed = _differences(saved, recorded)
         raise ValueError(f"--resume: the checkpoint in {config.out} was written with a "
                          f"different configuration (differs in: {', '.join(changed)})")
     load_checkpoint(config.out, model, optimizer)
     log(f"resumed from {config.out} at step {step}")
     return extra["history"]
+
+
+def _differences(saved, recorded):
+    """The options in which two config.json dicts differ, a layer's by name."""
+    old, new = saved.get("layer_options", {}), recorded["layer_options"]
+    return sorted([k for k in recorded if k != "layer_options" and saved.get(k) != recorded[k]]
+                  + [k for k in set(old) | set(new) if old.get(k) != new.get(k)])
 
 
 def load_run(directory):

@@ -10,7 +10,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from annotated_s4 import cli, reference, runner
+from annotated_s4 import cli, reference, registry, runner
 from conftest import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,6 +38,28 @@ def test_help_lists_the_options(capsys):
                    "--steps", "--batch-size", "--lr", "--seed", "--out", "--resume",
                    "--vocab-size", "--seq-len", "digits-784", "digits-gen"):
         assert option in text
+    # each layer's options, under its name
+    groups = text.split("\n--layer ")[1:]
+    assert [g.split(":")[0] for g in groups] == list(registry.LAYERS)
+    for group in groups:
+        name = group.split(":")[0]
+        for action in registry.layer_parser(name)._actions:
+            assert action.option_strings[0] in group, (name, action.option_strings)
+    s4d = next(g for g in groups if g.startswith("s4d:"))
+    assert "--init {lin,inv}" in s4d and "--b-clip" not in s4d
+
+
+def test_train_takes_the_layers_options_and_refuses_another_layers(tmp_path):
+    out = tmp_path / "s4"
+    cli.main(["train", *TINY[:2], "--layer", "s4", "--n-layers", "1", "--d-model", "8",
+              "--state-size", "4", "--init", "gaussian", "--b-clip", "2", "--steps", "1",
+              "--out", str(out)])
+    options = json.loads((out / "config.json").read_text())["layer_options"]
+    assert (options["init"], options["b_clip"], options["state_size"]) == ("gaussian", 2.0, 4)
+    with pytest.raises(SystemExit, match="--b-clip is not an option of --layer s4d"):
+        cli.main(["train", "--layer", "s4d", "--b-clip", "2", "--steps", "1"])
+    with pytest.raises(SystemExit):  # not an option of train at all
+        cli.main(["evaluate", str(out), "--state-size", "4"])
 
 
 def test_cli_writes_metrics_and_checkpoint(tmp_path):

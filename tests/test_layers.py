@@ -1,6 +1,7 @@
 """Tests for annotated_s4.layers: SSMLayer, S4Layer and S4DLayer, and the layer
 contract (see `models`) checked on every layer of the package."""
 
+import dataclasses
 import functools
 
 import jax
@@ -11,12 +12,12 @@ from flax import nnx
 
 from annotated_s4 import K_conv, S4DLayer, S4Layer, SSMLayer, StackedModel
 from annotated_s4.attention import CausalSelfAttention
-from annotated_s4.gru import GRULayer
+from annotated_s4 import catalog
 from annotated_s4.h3 import H3Layer
 from annotated_s4.hippo import make_DPLR_HiPPO
 from annotated_s4.layers import log_step_initializer
 from annotated_s4.sample import rnn_log_probs
-from annotated_s4.longconv import SGConvLayer, TNNLayer, ToeplitzLayer
+from annotated_s4.longconv import TNNLayer, ToeplitzLayer
 
 
 def test_log_step_initializer_range():
@@ -81,33 +82,54 @@ def _rnn(layer, u):
 
 # --- The layer contract, on every layer and variant ---------------------------
 
+
+def registered_variants(L):
+    """{name: factory} of every registered layer at its default options, and
+    once more for each other choice of each option that has choices and for
+    each flag option turned on (a layer that alternates several factories
+    gives one entry each)."""
+    variants = {}
+    for name, entry in catalog.LAYERS.items():
+        default = entry.options()
+        cases = {name: default}
+        for f in dataclasses.fields(default):
+            others = ([c for c in f.metadata["choices"] if c != f.default]
+                      if f.metadata["choices"] is not None
+                      else [True] if catalog.option_type(entry.options, f.name) is bool else [])
+            cases.update({f"{name}-{f.name}={v}": dataclasses.replace(default, **{f.name: v})
+                          for v in others})
+        for label, options in cases.items():
+            built = entry.build(options, L)
+            if isinstance(built, list):
+                variants.update({f"{label}[{i}]": f for i, f in enumerate(built)})
+            else:
+                variants[label] = built
+    return variants
+
+
 CONTRACT = {
-    "ssm": functools.partial(SSMLayer, N=4, L=L),
-    **dict(LAYERS),
-    "s4-random": functools.partial(S4Layer, N=N, L=L, init="random"),
+    **registered_variants(L),
+    # variants that are not --layer options
     "s4d-fixed-B": functools.partial(S4DLayer, N=N, learn_B=False),  # H3's diagonal SSM
-    "h3": functools.partial(H3Layer, head_dim=2, state_size=4, shift_size=3),
-    "attention": functools.partial(CausalSelfAttention, n_heads=2, max_len=L),
+    "h3-heads": functools.partial(H3Layer, head_dim=2, state_size=4, shift_size=3),
     "attention-flash": functools.partial(CausalSelfAttention, n_heads=2, max_len=L,
                                          flash_block=8),
-    "gru": functools.partial(GRULayer, L=L),
     "toeplitz": functools.partial(ToeplitzLayer, L=L),
-    "tnn": functools.partial(TNNLayer, L=L),
-    "sgconv": functools.partial(SGConvLayer, L=L),
     # what to_ssm returns: ETSC's diagonal SSM of a kernel, plain and with TNN's decay
     "etsc": lambda H, rngs: ToeplitzLayer(H, L, rngs=rngs).to_ssm(L),
     "etsc-decayed": lambda H, rngs: TNNLayer(H, L, rngs=rngs).to_ssm(L, decay=0.99),
 }
+WIDTH = 8  # channels: every registered layer's default heads divide it
 
 
 @pytest.mark.parametrize("name", sorted(CONTRACT))
 def test_layer_contract(name):
     """(batch, L, H) in and out, under jit as eagerly; RNN mode (a jitted step)
     equals CNN mode; causal and batch-independent; max_len enforced."""
-    layer = CONTRACT[name](4, rngs=nnx.Rngs(0))
-    u = jax.random.normal(jax.random.PRNGKey(1), (BATCH, L, 4))
+    layer = CONTRACT[name](WIDTH, rngs=nnx.Rngs(0))
+    u = jax.random.normal(jax.random.PRNGKey(1), (BATCH, L, WIDTH))
     y = nnx.jit(lambda layer, u: layer(u))(layer, u)
-    assert y.shape == (BATCH, L, 4)
+    assert y.shape == (BATCH, L, WIDTH)
     scale = float(jnp.abs(y).max())
     np.testing.assert_allclose(layer(u), y, atol=1e-5 * scale)
     np.testing.assert_allclose(_rnn(layer, u), y, atol=1e-4 * scale)
@@ -118,13 +140,13 @@ def test_layer_contract(name):
     np.testing.assert_allclose(y2[1, :10], y[1, :10], atol=1e-5 * scale)
     assert not np.allclose(y2[1, 10:], y[1, 10:], atol=1e-3 * scale)
     if layer.max_len is None:
-        assert layer(jnp.zeros((1, 2 * L, 4))).shape == (1, 2 * L, 4)
+        assert layer(jnp.zeros((1, 2 * L, WIDTH))).shape == (1, 2 * L, WIDTH)
     else:
         assert layer.max_len == L
         with pytest.raises(ValueError, match="max_len"):
-            layer(jnp.zeros((1, L + 1, 4)))
+            layer(jnp.zeros((1, L + 1, WIDTH)))
     with pytest.raises(ValueError, match="u"):
-        layer(jnp.zeros((1, L, 5)))
+        layer(jnp.zeros((1, L, WIDTH + 1)))
 
 
 @pytest.mark.parametrize("name,make", LAYERS)

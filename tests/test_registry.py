@@ -1,11 +1,13 @@
 """Tests for annotated_s4.registry: datasets and layers by name, the models they build."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from annotated_s4 import registry, runner
+from annotated_s4.catalog import LayerEntry, flag, option_type
 from conftest import TINY
 
 
@@ -17,6 +19,7 @@ def test_registries_are_plain_dicts():
     assert isinstance(registry.DATASETS, dict) and isinstance(registry.LAYERS, dict)
     assert {"digits", "digits-784", "digits-gen"} <= set(registry.DATASETS)
     assert {"ssm", "s4", "s4d"} <= set(registry.LAYERS)
+    assert all(isinstance(entry, LayerEntry) for entry in registry.LAYERS.values())
 
 
 @pytest.mark.parametrize("dataset", ["mnist-small", "mnist-small-gen"])
@@ -57,7 +60,7 @@ def test_token_layers_train_on_the_recall_tasks(tmp_path, layer, dataset):
     config = json.loads((out / "config.json").read_text())
     seq_len, vocab = registry.RECALL_DEFAULTS[dataset]  # the paper's task sizes by default
     assert (config["seq_len"], config["vocab_size"]) == (seq_len, vocab)
-    assert config["head_dim"] == 4 and config["n_heads"] == 2
+    assert config["layer_options"]["head_dim"] == 4 and config["layer_options"]["n_heads"] == 2
     assert np.isfinite(json.loads((out / "metrics.json").read_text())["test_loss"])
     # Scored on the final (queried) position: x holds the seq_len - 1 tokens
     # before the answer, and the model gives one prediction per sequence.
@@ -75,20 +78,31 @@ _TOKEN_TASKS = [("induction-head", ["--seq-len", "12", "--vocab-size", "6"]),
                 ("charlm", ["--seq-len", "16"])]
 
 
+def tiny_options(layer):
+    """Command-line options that make `layer` small: each of its int options
+    at most 4 (a state size, a head dimension, a number of heads)."""
+    options = registry.LAYERS[layer].options
+    return [arg for f in dataclasses.fields(options)
+            if option_type(options, f.name) is int and f.default > 4
+            for arg in (flag(f.name), "4")]
+
+
 @pytest.mark.parametrize("i,layer", list(enumerate(sorted(registry.LAYERS))))
 def test_every_layer_trains_on_both_kinds_of_data(tmp_path, i, layer):
-    """One step of every --layer on pixels (real inputs, one label per
-    sequence) and on one task of tokens (an embedding, and a prediction at the
-    last or at every position), at tiny sizes and at a --seq-len other than
-    the default. The token tasks take turns, so each is trained by three
+    """One step of every registered --layer on pixels (real inputs, one label
+    per sequence) and on one task of tokens (an embedding, and a prediction at
+    the last or at every position), at tiny sizes and at a --seq-len other
+    than the default. The token tasks take turns, so each is trained by three
     layers (and the hybrid trains on both recall tasks above)."""
     assert len(registry.LAYERS) >= 2 * len(_TOKEN_TASKS)  # every token task gets two or more layers
+    entry = registry.LAYERS[layer]  # a block for each factory of a layer that alternates
+    factories = entry.build(entry.options(), 8)
+    n_layers = len(factories) if isinstance(factories, list) else 1
     for dataset, extra in [("digits", []), _TOKEN_TASKS[i % len(_TOKEN_TASKS)]]:
         result = runner.run(registry.parse(
-            ["--dataset", dataset, "--layer", layer, "--n-layers", "2" if layer == "hybrid"
-             else "1", "--d-model", "8",
-             "--state-size", "4", "--head-dim", "4", "--n-heads", "2", "--batch-size", "8",
-             "--steps", "1"] + extra), log=None)
+            ["--dataset", dataset, "--layer", layer, "--n-layers", str(n_layers),
+             "--d-model", "8", "--batch-size", "8", "--steps", "1"]
+            + tiny_options(layer) + extra), log=None)
         assert np.isfinite(result["test_loss"]), (layer, dataset)
 
 
@@ -97,9 +111,9 @@ def test_the_state_matrix_initialisation_is_an_option():
     rand = runner.run(_args(["--steps", "1", "--layer", "s4", "--init", "random"]), log=None)["model"]
     a, b = hippo.layers[0].seq, rand.layers[0].seq
     assert not np.allclose(np.asarray(a.Lambda_im[...]), np.asarray(b.Lambda_im[...]))
-    with pytest.raises(ValueError, match="--init inv does not apply to --layer s4"):
+    with pytest.raises(ValueError, match="--layer s4: argument --init: invalid choice: 'inv'"):
         runner.run(_args(["--steps", "1", "--layer", "s4", "--init", "inv"]), log=None)
-    with pytest.raises(ValueError, match="--init"):
+    with pytest.raises(ValueError, match="--init is not an option of --layer ssm"):
         runner.run(_args(["--steps", "1", "--layer", "ssm", "--init", "random"]), log=None)
 
 
@@ -107,5 +121,6 @@ def test_independent_state_matrices_are_an_option():
     own = runner.run(_args(["--steps", "1", "--layer", "s4", "--independent"]), log=None)["model"]
     layer = own.layers[0].seq
     assert not layer.shared and layer.Lambda_im[...].shape == (layer.H, layer.N // 2)
-    with pytest.raises(ValueError, match="--independent applies to --layer s4 only"):
+    with pytest.raises(ValueError, match="--independent is not an option of --layer s4d; "
+                                         "it is an option of --layer s4 "):
         runner.run(_args(["--steps", "1", "--layer", "s4d", "--independent"]), log=None)

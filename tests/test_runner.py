@@ -96,10 +96,11 @@ def test_bad_arguments_raise():
                                  ("--dropout", "-0.1", "--dropout"),
                                  ("--weight-decay", "-1", "--weight-decay"),
                                  ("--ckpt-every", "-1", "--ckpt-every"),
-                                 ("--n-heads", "0", "--n-heads"),
                                  ("--batch-size", "5000", "training sequences")]:
         with pytest.raises(ValueError, match=match):
             runner.run(_args(["--steps", "1", option, value]), log=None)
+    with pytest.raises(ValueError, match="--n-heads"):
+        registry.parse(["--layer", "attention", "--n-heads", "0"])
     with pytest.raises(ValueError, match="--seq-len"):
         runner.run(_args(["--steps", "1", "--dataset", "induction-head", "--seq-len", "0"]),
                   log=None)

@@ -1,6 +1,7 @@
 """Tests for annotated_s4.train: the fit loop, the loss, evaluation, the optimizer,
 and data parallelism (1 device vs 4 host devices give the same loss curve)."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -15,11 +16,9 @@ import pytest
 from flax import nnx
 
 from annotated_s4 import registry, runner, train
-from annotated_s4 import S4DLayer, S4Layer, SSMLayer, StackedModel
-from annotated_s4.attention import CausalSelfAttention
-from annotated_s4.gru import GRULayer
-from annotated_s4.h3 import H3Layer
-from annotated_s4.longconv import SGConvLayer, TNNLayer, ToeplitzLayer
+from annotated_s4 import S4DLayer, SSMLayer, StackedModel
+from annotated_s4.layers import SSMParam
+from annotated_s4.longconv import ToeplitzLayer
 
 TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model", "8",
         "--state-size", "4", "--batch-size", "16", "--lr", "1e-2", "--log-every", "100"]
@@ -138,32 +137,27 @@ def test_ssm_params_get_their_own_rate_and_no_decay():
         runner.run(_args(["--steps", "1", "--ssm-lr", "-1"]), log=None)
 
 
-_LAYERS = {
-    "ssm": functools.partial(SSMLayer, N=4, L=16),
-    "s4": functools.partial(S4Layer, N=8, L=16),
-    "s4-independent": functools.partial(S4Layer, N=8, L=16, shared=False),
-    "s4-random": functools.partial(S4Layer, N=8, L=16, init="random"),
-    "s4-gaussian": functools.partial(S4Layer, N=8, L=16, init="gaussian"),
-    "s4d": functools.partial(S4DLayer, N=8, L=16),
-    "h3": functools.partial(H3Layer, head_dim=4, state_size=4),
-    "attention": functools.partial(CausalSelfAttention, n_heads=2, max_len=16),
-    "gru": functools.partial(GRULayer, L=16),
-    "toeplitz": functools.partial(ToeplitzLayer, L=16),
-    "tnn": functools.partial(TNNLayer, L=16),
-    "sgconv": functools.partial(SGConvLayer, L=16),
-}
+def _layer_cases():
+    """Every registered layer at its default options, and the long convolution
+    with an explicit kernel, which is not a --layer."""
+    cases = {name: (entry.build(entry.options(), 16), "dt_min" in
+                    {f.name for f in dataclasses.fields(entry.options)})
+             for name, entry in registry.LAYERS.items()}
+    cases["toeplitz"] = (functools.partial(ToeplitzLayer, L=16), False)
+    return cases
 
 
-@pytest.mark.parametrize("name", sorted(_LAYERS))
-def test_optimizer_groups_are_the_ones_the_names_gave(name):
-    """The groups by type (layers.SSMParam) are those of the rule they replace:
-    a parameter named A, B, P, Lambda_log_neg_re, Lambda_im or log_step."""
-    model = StackedModel(_LAYERS[name], 5, 8, 2, rngs=nnx.Rngs(0), vocab_size=5,
-                         classification=False)
-    by_type = jax.tree_util.tree_flatten_with_path(
-        train._param_groups(model)(nnx.state(model, nnx.Param)))[0]
-    names = {"A", "B", "P", "Lambda_log_neg_re", "Lambda_im", "log_step"}
-    by_name = [(path, "ssm" if path[-2].key in names else "rest") for path, _ in by_type]
-    assert by_type == by_name
-    assert any(g == "ssm" for _, g in by_type) == (name not in {"attention", "gru", "toeplitz",
-                                                                 "tnn", "sgconv"})
+@pytest.mark.parametrize("name", sorted(_layer_cases()))
+def test_optimizer_groups_are_the_state_space_parameters(name):
+    """The 'ssm' group holds exactly the parameters that the layers declare
+    `layers.SSMParam`, the 'rest' group every other one; and a layer that
+    draws SSM steps (its options have --dt-min) has state-space parameters."""
+    layer, draws_steps = _layer_cases()[name]
+    model = StackedModel(layer, 5, 8, 2, rngs=nnx.Rngs(0), vocab_size=5, classification=False)
+    params = nnx.state(model, nnx.Param)
+    groups = dict(jax.tree_util.tree_flatten_with_path(train._param_groups(model)(params))[0])
+    declared = {path for path, _ in
+                jax.tree_util.tree_flatten_with_path(nnx.state(model, SSMParam))[0]}
+    assert {path for path, g in groups.items() if g == "ssm"} == declared
+    assert len(groups) == len(jax.tree_util.tree_leaves(params))
+    assert bool(declared) == draws_steps
