@@ -187,8 +187,12 @@ def _emulate_from_environment():
     value = os.environ.get("ANNOTATED_S4_EMULATE_TF32", "")
     if value not in ("", "0", "1"):
         raise ValueError(f"ANNOTATED_S4_EMULATE_TF32 must be 0 or 1, got {value!r}")
+    global _depth
     if value == "1" and not emulating_tf32():
-        emulate_tf32().__enter__()
+        # not `emulate_tf32().__enter__()`: the generator would be closed, and the
+        # emulation switched off, as soon as it is garbage-collected
+        _switch(True)
+        _depth += 1
 
 
 # --- the unit roundoff -------------------------------------------------------
