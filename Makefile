@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 
 export PYTHONHASHSEED := 0
 
-.PHONY: install notebooks test unit book browser-tools lab bench bench-quick reference clean
+.PHONY: install notebooks test test-tf32 unit book browser-tools lab bench bench-quick reference clean
 
 # The virtual environment and the pinned dependencies; redone only when the
 # requirements or the package metadata change.
@@ -52,6 +52,12 @@ test: $(STAMP) browser-tools
 	$(JAX_CACHE) XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 \
 		--durations=15 $(wildcard book/*.ipynb) tests
+
+# `make test` as an NVIDIA GPU of compute capability >= 8.0 would run it, on any
+# machine: float32 matrix products round their operands to TensorFloat-32, as JAX
+# does there at its default matmul precision (annotated_s4/precision.py).
+test-tf32: export ANNOTATED_S4_EMULATE_TF32 := 1
+test-tf32: test
 
 unit: $(STAMP)
 	$(JAX_CACHE) $(PY) -m pytest -p no:cacheprovider -q tests

@@ -3,6 +3,11 @@
 Modules follow the book's reading order; later ones import only earlier ones.
 Importing the package imports every layer module, and with it each layer's
 registration in `annotated_s4.catalog` (what ``--layer`` names).
+Beside them, `precision` (imported by nothing else in the package) says how
+float32 matrices are multiplied on the device in use, and emulates a GPU's
+TensorFloat-32 products on a CPU: with the environment variable
+`ANNOTATED_S4_EMULATE_TF32=1`, importing this package switches the emulation on
+for the whole process (see `annotated_s4.precision`).
 """
 
 import os as _os
@@ -18,6 +23,8 @@ if "xla_cpu_enable_concurrency_optimized_scheduler" not in _os.environ.get("XLA_
         + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
     ).strip()
 
+from .precision import *  # noqa: F401,F403,E402
+from .precision import _emulate_from_environment  # noqa: E402
 from .ssm import *  # noqa: F401,F403,E402
 from .hippo import *  # noqa: F401,F403,E402
 from .s4 import *  # noqa: F401,F403,E402
@@ -34,3 +41,5 @@ from .decoders import *  # noqa: F401,F403,E402
 from .longconv import *  # noqa: F401,F403,E402
 
 __version__ = "0.1.0"
+
+_emulate_from_environment()

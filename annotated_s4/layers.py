@@ -183,7 +183,7 @@ def random_NPLR(key, N):
     Returns (Lambda, P, B), each complex of shape (N/2,)."""
     k1, k2, k3 = jax.random.split(key, 3)
     x, y = jax.random.normal(k1, (2, N // 2)) * (N / 4) ** 0.5
-    z = lambda k: jax.random.normal(k, (N // 2, 2)) @ jnp.array([1.0, 1j]) / 2**0.5  # noqa: E731
+    z = lambda k: jax.lax.complex(*jax.random.normal(k, (N // 2, 2)).T) / 2**0.5  # noqa: E731
     return -jnp.abs(x) + 1j * jnp.abs(y), z(k2), z(k3)
 
 

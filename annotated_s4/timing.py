@@ -109,9 +109,14 @@ def op_count(fn, *args):
     such count: its PJRT plugin offers one only after compilation, which has
     already rewritten the program.) A loop body (`jax.lax.scan`) is counted
     once, whatever its number of iterations: count a recurrence by its step.
+    The matrix products' precision does not enter the count (a GPU's TF32
+    rounds inside its multipliers, adding no operation), so the program is
+    lowered at float32 precision, which also keeps `precision.emulate_tf32`'s
+    rounding operations out of it.
     """
     abstract = jax.tree.map(_abstract, args)
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+    with (jax.default_device(jax.local_devices(backend="cpu")[0]),
+          jax.default_matmul_precision("float32")):
         lowered = jax.jit(fn).trace(*abstract).lower(lowering_platforms=("cpu",))
         cost = lowered.cost_analysis()
     if isinstance(cost, (list, tuple)):      # some JAX versions: one dict per device
@@ -154,8 +159,10 @@ def convolution_timings(lengths, N=64, repeats=5, seed=3):
     rows = []
     for L in lengths:
         u = jax.random.normal(jax.random.PRNGKey(seed + 1), (L,))
-        K = K_conv(*discretize(A, B, C, 1.0 / L), L)
-        y_fft, y_scan = fft(u, K), scan(u)
+        # the check is float32's: in TF32 (a GPU's default) the two differ by far more
+        with jax.default_matmul_precision("float32"):
+            K = K_conv(*discretize(A, B, C, 1.0 / L), L)
+            y_fft, y_scan = fft(u, K), scan(u)
         if not jnp.allclose(y_fft, y_scan, atol=1e-4 * float(jnp.abs(y_scan).max())):
             raise RuntimeError(f"FFT convolution and scan disagree at L = {L}")
         rows.append({"L": L,

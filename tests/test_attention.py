@@ -1,3 +1,10 @@
+"""Tests for annotated_s4.attention: causal, cached and flash attention, and the layer.
+
+Checks that two computations agree in float32 run at float32 matmul precision
+(`@jax.default_matmul_precision("float32")`): at JAX's default, a GPU multiplies
+float32 matrices in TF32 (see annotated_s4.precision and tests/test_precision.py).
+"""
+
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +49,7 @@ def test_cached_attention_reads_only_the_blocks_it_needs():
 
 
 @pytest.mark.parametrize("step_block", [1, 4, 5, 64])
+@jax.default_matmul_precision("float32")
 def test_step_equals_parallel_mode_for_any_block(step_block):
     layer = CausalSelfAttention(8, rngs=nnx.Rngs(0), n_heads=2, max_len=12,
                                 step_block=step_block)
@@ -121,6 +129,7 @@ def test_flash_attention_memory_grows_linearly():
     assert temp_bytes(flash, 2048) < temp_bytes(causal_attention, 2048) / 4
 
 
+@jax.default_matmul_precision("float32")
 def test_layer_with_flash_blocks_equals_the_plain_layer():
     plain = CausalSelfAttention(16, rngs=nnx.Rngs(0), n_heads=2, max_len=40)
     flash = CausalSelfAttention(16, rngs=nnx.Rngs(0), n_heads=2, max_len=40, flash_block=8)

@@ -1,4 +1,9 @@
-"""Tests for annotated_s4.h3: shift SSM, H3 (Algorithm 1), state passing, RNN mode."""
+"""Tests for annotated_s4.h3: shift SSM, H3 (Algorithm 1), state passing, RNN mode.
+
+Checks that two computations agree in float32 run at float32 matmul precision
+(`@jax.default_matmul_precision("float32")`): at JAX's default, a GPU multiplies
+float32 matrices in TF32 (see annotated_s4.precision and tests/test_precision.py).
+"""
 
 import functools
 
@@ -65,12 +70,14 @@ def _algorithm1_loop(layer, u):
 
 
 @pytest.mark.parametrize("head_dim", [1, 4])
+@jax.default_matmul_precision("float32")
 def test_h3_matches_algorithm1_loop(head_dim):
     layer = H3Layer(8, rngs=nnx.Rngs(1), head_dim=head_dim, state_size=6, shift_size=3)
     u = _u((2, 12, 8), seed=2)
     assert np.allclose(layer(u), _algorithm1_loop(layer, u), atol=1e-4)
 
 
+@jax.default_matmul_precision("float32")
 def test_state_passing_equals_full_convolution():
     layer = H3Layer(8, rngs=nnx.Rngs(3), head_dim=2, state_size=8, shift_size=4)
     u = _u((2, 48, 8), seed=4)
@@ -96,6 +103,7 @@ toeplitz_conv = functools.partial(causal_convolution, nofft=True)
 
 
 @pytest.mark.parametrize("conv", [fft_conv, toeplitz_conv, causal_conv])
+@jax.default_matmul_precision("float32")
 def test_convolutions_share_kernel(conv):
     u = _u((2, 10, 3, 4))
     K = _u((3, 1, 10), seed=1)
@@ -123,6 +131,7 @@ def test_shift_ssm_is_the_convolution_with_its_kernel(L):
     assert jnp.allclose(layer(u), expected, atol=1e-5)
 
 
+@jax.default_matmul_precision("float32")
 def test_stacked_generation_equals_parallel():
     model = StackedModel(lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4, state_size=8),
                          7, 16, 2, rngs=nnx.Rngs(0), vocab_size=7, classification=False)
@@ -185,6 +194,7 @@ def test_h3_checks_its_sizes(kwargs, error, match):
         H3Layer(8, rngs=nnx.Rngs(0), head_dim=4, **kwargs)
 
 
+@jax.default_matmul_precision("float32")
 def test_chunked_checks_chunk_size():
     layer = H3Layer(8, rngs=nnx.Rngs(0), head_dim=4, state_size=4)
     u = _u((1, 12, 8))

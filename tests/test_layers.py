@@ -1,5 +1,10 @@
 """Tests for annotated_s4.layers: SSMLayer, S4Layer and S4DLayer, and the layer
-contract (see `models`) checked on every layer of the package."""
+contract (see `models`) checked on every layer of the package.
+
+Checks that two computations agree in float32 run at float32 matmul precision
+(`@jax.default_matmul_precision("float32")`): at JAX's default, a GPU multiplies
+float32 matrices in TF32 (see annotated_s4.precision and tests/test_precision.py).
+"""
 
 import dataclasses
 import functools
@@ -123,6 +128,7 @@ WIDTH = 8  # channels: every registered layer's default heads divide it
 
 
 @pytest.mark.parametrize("name", sorted(CONTRACT))
+@jax.default_matmul_precision("float32")
 def test_layer_contract(name):
     """(batch, L, H) in and out, under jit as eagerly; RNN mode (a jitted step)
     equals CNN mode; causal and batch-independent; max_len enforced."""
@@ -308,6 +314,7 @@ def test_s4d_errors():
         layer.step(jnp.zeros((1, H)))
 
 
+@jax.default_matmul_precision("float32")
 def test_generation_model_rnn_matches_cnn():
     model = StackedModel(functools.partial(S4Layer, N=N, L=16), d_output=5, d_model=4,
                          n_layers=2, rngs=nnx.Rngs(0), vocab_size=5, classification=False)

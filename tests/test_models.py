@@ -1,4 +1,9 @@
-"""Tests for annotated_s4.models: SequenceBlock, StackedModel and LastTokenModel."""
+"""Tests for annotated_s4.models: SequenceBlock, StackedModel and LastTokenModel.
+
+Checks that two computations agree in float32 run at float32 matmul precision
+(`@jax.default_matmul_precision("float32")`): at JAX's default, a GPU multiplies
+float32 matrices in TF32 (see annotated_s4.precision and tests/test_precision.py).
+"""
 
 import functools
 
@@ -15,6 +20,7 @@ from annotated_s4.models import eval_mode
 from annotated_s4.sample import generate, rnn_log_probs
 
 
+@jax.default_matmul_precision("float32")
 def test_sequence_block_residual_and_step():
     block = SequenceBlock(functools.partial(SSMLayer, N=4, L=16), 8, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8))
@@ -37,6 +43,7 @@ def test_stacked_classifier_shapes_and_causality():
         model.init_cache(3)
 
 
+@jax.default_matmul_precision("float32")
 def test_stacked_generator_is_causal_and_rnn_matches():
     model = StackedModel(functools.partial(SSMLayer, N=4, L=12), d_output=5, d_model=8, n_layers=2,
                          rngs=nnx.Rngs(0), vocab_size=5, classification=False)

@@ -211,10 +211,19 @@ def _target_names(targets):
     return {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
 
 
+def _top_level(body):
+    """The statements of `body`, with those inside `with` blocks (such as
+    `with jax.default_matmul_precision(...)`) counted as top level."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.With):
+            yield from _top_level(node.body)
+
+
 def _defined(source):
     """Top-level names a cell defines: imports, assignments, functions, classes."""
     names = set()
-    for node in ast.parse(source).body:
+    for node in _top_level(ast.parse(source).body):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):

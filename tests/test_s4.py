@@ -1,3 +1,10 @@
+"""Tests for annotated_s4.s4 and annotated_s4.hippo.
+
+Checks that two computations agree in float32 run at float32 matmul precision
+(`@jax.default_matmul_precision("float32")`): at JAX's default, a GPU multiplies
+float32 matrices in TF32 (see annotated_s4.precision and tests/test_precision.py).
+"""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -169,6 +176,7 @@ def test_dplr_step_equals_dense_step(conj):
         assert err < 1e-10
 
 
+@jax.default_matmul_precision("float32")
 def test_kernel_DPLR_float32_accurate_at_16k():
     N, L = 64, 16384
     Lambda, P, B, _ = make_DPLR_HiPPO(N)

@@ -1,4 +1,9 @@
-"""Tests for annotated_s4.sample: RNN-mode generation of a next-step model."""
+"""Tests for annotated_s4.sample: RNN-mode generation of a next-step model.
+
+Checks that two computations agree in float32 run at float32 matmul precision
+(`@jax.default_matmul_precision("float32")`): at JAX's default, a GPU multiplies
+float32 matrices in TF32 (see annotated_s4.precision and tests/test_precision.py).
+"""
 
 import functools
 
@@ -21,6 +26,7 @@ def model():
                         classification=False)
 
 
+@jax.default_matmul_precision("float32")
 def test_rnn_log_probs_equal_cnn_log_probs(model):
     x = jax.random.randint(jax.random.key(1), (3, L), 0, V)
     model.eval()
@@ -99,6 +105,7 @@ def test_bad_arguments(model):
 @pytest.mark.parametrize("layer", [functools.partial(S4Layer, N=4, L=L),
                                    functools.partial(S4DLayer, N=4, L=L)],
                          ids=["s4", "s4d"])
+@jax.default_matmul_precision("float32")
 def test_generate_with_s4_and_s4d(layer):
     model = StackedModel(layer, V, 8, 2, rngs=nnx.Rngs(0), vocab_size=V, classification=False)
     x = jax.random.randint(jax.random.key(1), (2, L), 0, V)

@@ -179,3 +179,17 @@ def test_result_stem_keeps_devices_and_quick_runs_apart():
     assert result_stem("h3", quick=True, platform_name="cpu") == "h3_quick"
     assert result_stem("h3", platform_name="gpu") == "h3_gpu"
     assert result_stem("s4", quick=True, platform_name="gpu") == "s4_quick_gpu"
+
+
+def test_op_count_is_the_same_under_emulated_tf32():
+    """TF32 rounds inside a GPU's multipliers and adds no operation to the
+    program; the emulation adds rounding operations, which op_count keeps out."""
+    import jax.numpy as jnp
+
+    from annotated_s4.precision import emulate_tf32
+    from annotated_s4.timing import op_count
+
+    a, b = jnp.ones((8, 16)), jnp.ones((16, 4))
+    plain = op_count(lambda a, b: jnp.exp(a @ b), a, b)
+    with emulate_tf32():
+        assert op_count(lambda a, b: jnp.exp(a @ b), a, b) == plain

@@ -1,5 +1,10 @@
 """Tests for annotated_s4.toeplitz (ETSC, gradient baseline), annotated_s4.decoders
-and the long-convolution layers of annotated_s4.longconv."""
+and the long-convolution layers of annotated_s4.longconv.
+
+Checks that two computations agree in float32 run at float32 matmul precision
+(`@jax.default_matmul_precision("float32")`): at JAX's default, a GPU multiplies
+float32 matrices in TF32 (see annotated_s4.precision and tests/test_precision.py).
+"""
 
 import functools
 
@@ -43,6 +48,7 @@ def test_round_trip_float64_n8192():
         assert rel(ssm_to_toeplitz(lambd, b, 8192), t) <= 1e-12
 
 
+@jax.default_matmul_precision("float32")
 def test_round_trip_channels_and_inclusion_equation():
     t = kernel(300, d=5)
     lambd, b = etsc(t)
@@ -190,6 +196,7 @@ def test_etsc_kernel_matches_checked_entry_point():
     np.testing.assert_allclose(etsc_kernel(b, 250), ssm_to_toeplitz(lambd, b, 250), atol=1e-6)
 
 
+@jax.default_matmul_precision("float32")
 def test_toeplitz_layer_modes_and_conversion():
     model = StackedModel(functools.partial(ToeplitzLayer, L=16), d_output=7, d_model=6,
                          n_layers=2, rngs=nnx.Rngs(0), vocab_size=7, classification=False)
