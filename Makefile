@@ -3,9 +3,11 @@ SHELL   := /bin/bash
 # The book is built and tested with Python 3.12 and 3.13. PYTHON=... chooses one;
 # otherwise the newest of the two found on the PATH (or under pyenv) is used.
 SUPPORTED_PYTHONS := 3.13 3.12
-PYTHON  ?= $(shell for v in $(SUPPORTED_PYTHONS); do \
+ifeq ($(origin PYTHON), undefined)
+PYTHON  := $(shell for v in $(SUPPORTED_PYTHONS); do \
 	for p in python$$v $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v 2>/dev/null | sort -rV); do \
 	$$p -c 'import sys' 2>/dev/null && { echo $$p; exit 0; }; done; done)
+endif
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
