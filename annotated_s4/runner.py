@@ -38,7 +38,7 @@ from .config import EXTRA_KEYS, RunConfig
 from .registry import (build_model, build_optimizer, count_params, load_dataset, resolve,
                        test_metrics)
 from .models import eval_mode
-from .train import fit, make_mesh, seconds_per_step
+from .train import evaluate, fit, make_mesh, seconds_per_step
 
 __all__ = ["run", "config_of", "read_config", "read_run", "load_run", "evaluate_run",
            "UNIT_ROUNDOFF", "ROUNDING_UNITS", "SIGMAS", "RECORDED_BATCH", "rounding_bound",
