@@ -1,4 +1,4 @@
-"""The Annotated S4: structured state space models, from the SSM to S4, H3 and ETSC.
+"""The Annotated S4: structured state space models, from the SSM to S4, H3, ETSC and Mamba.
 
 Modules follow the book's reading order; later ones import only earlier ones.
 Importing the package imports every layer module, and with it each layer's
@@ -39,6 +39,7 @@ from .selective import *  # noqa: F401,F403,E402
 from .ssd import *  # noqa: F401,F403,E402
 from .decoders import *  # noqa: F401,F403,E402
 from .longconv import *  # noqa: F401,F403,E402
+from .mamba import *  # noqa: F401,F403,E402
 
 __version__ = "0.1.0"
 
