@@ -1,17 +1,21 @@
-"""Write the fixtures tests/test_selective.py compares against: the outputs of
-the official Mamba reference functions on small random inputs.
+"""Write the fixtures tests/test_selective.py and tests/test_mamba.py compare
+against: the outputs of the official Mamba reference code on small random inputs.
 
     python tools/mamba_fixtures.py /path/to/state-spaces/mamba [--out tests/fixtures]
 
 Needs PyTorch, einops and NumPy (not the book's environment: run it with a
 Python that has torch), and a checkout of github.com/state-spaces/mamba at the
-commit pinned below. It runs three pure-PyTorch reference functions on the CPU:
+commit pinned below. It runs, on the CPU, three pure-PyTorch reference functions:
 
 * ``selective_scan_ref`` (mamba_ssm/ops/selective_scan_interface.py), float32;
 * ``selective_state_update_ref`` (mamba_ssm/ops/triton/selective_state_update.py), float32;
 * ``ssd_minimal_discrete`` (mamba_ssm/modules/ssd_minimal.py), float64;
 
-and saves inputs and outputs, in the reference's own layout, as compressed
+and the official block, the ``Mamba`` module of mamba_ssm/modules/mamba_simple.py,
+in float32 with ``use_fast_path=False``: its forward pass (the selective scan
+routed to ``selective_scan_ref``) and its ``step`` (the pure-PyTorch branch: no
+causal_conv1d, no Triton state update), with its weights. It saves inputs and
+outputs, in the reference's own layout, as compressed
 .npz files (no pickles). The modules holding these functions import CUDA
 extensions and Triton at the top; the script puts inert stand-ins for those
 into ``sys.modules`` first and never calls them, so only the reference
@@ -77,6 +81,20 @@ def load_references(checkout):
         if not module.__file__.startswith(str(root)):
             raise RuntimeError(f"{module.__name__} came from {module.__file__}, not the checkout")
     return scan.selective_scan_ref, update.selective_state_update_ref, ssd.ssd_minimal_discrete
+
+
+def load_block(checkout, selective_scan_ref):
+    """The official ``Mamba`` module, every fused kernel it could reach replaced:
+    its scan by `selective_scan_ref`; the conv and state-update kernels by None,
+    which sends ``forward`` and ``step`` down their pure-PyTorch branches. Call
+    after `load_references` (which puts the stand-ins in place)."""
+    simple = importlib.import_module("mamba_ssm.modules.mamba_simple")
+    if not simple.__file__.startswith(str(Path(checkout) / "mamba_ssm")):
+        raise RuntimeError(f"mamba_simple came from {simple.__file__}, not the checkout")
+    simple.selective_scan_fn = selective_scan_ref
+    simple.causal_conv1d_fn = simple.causal_conv1d_update = None
+    simple.selective_state_update = None
+    return simple.Mamba
 
 
 def check_commit(checkout):
@@ -160,6 +178,33 @@ def ssd_fixtures(ssd_minimal_discrete, torch, batch=2, L=48, H=2, P=4, N=4, bloc
     return out
 
 
+# The block's sizes: d_model H = 8, d_state N = 4, expand 2 (E = 16), d_conv W = 4,
+# dt_rank "auto" = ceil(8 / 16) = 1; a batch of 2 sequences of L = 12 steps.
+BLOCK = {"d_model": 8, "d_state": 4, "d_conv": 4, "expand": 2}
+
+
+def block_fixtures(Mamba, torch, batch=2, L=12):
+    """The official block's weights, an input u (batch, L, d_model), its forward
+    output, its step() outputs token by token from zero states (batch, L,
+    d_model), and the states that leaves: conv_state (batch, E, W), ssm_state
+    (batch, E, N). A_log and D are moved off their initial values (the same
+    numbers in every channel) so that a channel mixed up shows."""
+    block = Mamba(**BLOCK, use_fast_path=False, layer_idx=0)
+    with torch.no_grad():
+        block.A_log.add_(0.3 * torch.randn_like(block.A_log))
+        block.D.add_(0.5 * torch.randn_like(block.D))
+        r = {"u": torch.randn(batch, L, BLOCK["d_model"])}
+        r["out"] = block(r["u"])
+        conv_state, ssm_state = block.allocate_inference_cache(batch, L)
+        r["step_out"] = torch.cat([block.step(r["u"][:, t:t + 1], conv_state, ssm_state)[0]
+                                   for t in range(L)], dim=1)   # the states update in place
+    r["conv_state"], r["ssm_state"] = conv_state, ssm_state
+    r.update({f"weight__{name}": p.detach() for name, p in block.named_parameters()})
+    r.update({k: np.int64(v) for k, v in BLOCK.items()})
+    r["dt_rank"] = np.int64(block.dt_rank)
+    return _numpy(r)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkout", type=Path, help="a git checkout of state-spaces/mamba")
@@ -178,6 +223,11 @@ def main(argv=None):
         path = args.out / filename
         np.savez_compressed(path, **meta, **arrays)
         print(f"{path}: {len(arrays)} arrays, {path.stat().st_size / 1024:.1f} KiB")
+    torch.manual_seed(1)   # its own seed: the block's fixture does not move the others
+    path = args.out / "mamba_block.npz"
+    arrays = block_fixtures(load_block(args.checkout, scan_ref), torch)
+    np.savez_compressed(path, **meta, **arrays)
+    print(f"{path}: {len(arrays)} arrays, {path.stat().st_size / 1024:.1f} KiB")
 
 
 if __name__ == "__main__":
