@@ -80,10 +80,11 @@ _TOKEN_TASKS = [("induction-head", ["--seq-len", "12", "--vocab-size", "6"]),
 
 def tiny_options(layer):
     """Command-line options that make `layer` small: each of its int options
-    at most 4 (a state size, a head dimension, a number of heads)."""
+    at most 4 (a state size, a head dimension, a number of heads); an int
+    option whose default is None (chosen by the layer) keeps it."""
     options = registry.LAYERS[layer].options
     return [arg for f in dataclasses.fields(options)
-            if option_type(options, f.name) is int and f.default > 4
+            if option_type(options, f.name) is int and f.default is not None and f.default > 4
             for arg in (flag(f.name), "4")]
 
 
