@@ -232,8 +232,9 @@ def test_bad_arguments_are_refused_by_name():
 
 def test_the_command_line_builds_the_block(tmp_path):
     """--layer mamba takes its options in the second stage, refuses a bad one
-    naming its flag, and trains through the CLI."""
-    from annotated_s4 import cli
+    naming its flag, trains through the CLI, and its run reloads from the
+    checkpoint to the same metrics."""
+    from annotated_s4 import cli, runner
 
     config = registry.parse(["--layer", "mamba", "--expand", "3", "--dt-rank", "2",
                              "--conv-width", "2", "--scan", "chunked", "--state-size", "5"])
@@ -254,6 +255,9 @@ def test_the_command_line_builds_the_block(tmp_path):
     options = json.loads((out / "config.json").read_text())["layer_options"]
     assert options == {"state_size": 4, "dt_min": 0.001, "dt_max": 0.1, "expand": 2,
                        "conv_width": 4, "dt_rank": None, "scan": "recurrent"}
+    metrics, run = runner.evaluate_run(str(out))
+    assert isinstance(run["model"].layers[0].seq, MambaBlock)
+    assert not runner.compare(run["metrics"], metrics)     # within float32 rounding
 
 
 @jax.default_matmul_precision("float32")
