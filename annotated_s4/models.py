@@ -1,8 +1,8 @@
 """Models built from sequence layers: the residual block, the stacked model,
 and a wrapper that reads a next-token model at its last position.
 
-Every sequence layer in the package (`layers`, `h3`, `attention`, `gru` and
-the long convolutions of `toeplitz`) follows one contract, so these models
+Every sequence layer in the package (`layers`, `h3`, `attention`, `gru`,
+`mamba` and the long convolutions of `toeplitz`) follows one contract, so these models
 serve them all:
 
 * ``layer(H, rngs=...)`` builds a layer for H feature channels (pass the other
@@ -55,36 +55,23 @@ class SequenceBlock(nnx.Module):
     layer mixes only along time.
     """
 
-    def __init__(self, layer, d_model, *, rngs: nnx.Rngs, dropout=0.0,
-                 prenorm=True, glu=True):
+    def __init__(self, layer, d_model, *, rngs: nnx.Rngs, dropout=0.0):
         self.seq = layer(d_model, rngs=rngs)
         self.norm = nnx.LayerNorm(d_model, rngs=rngs)
         self.out = nnx.Linear(d_model, d_model, rngs=rngs)
-        self.out2 = nnx.Linear(d_model, d_model, rngs=rngs) if glu else None
+        self.out2 = nnx.Linear(d_model, d_model, rngs=rngs)
         self.drop = nnx.Dropout(dropout, rngs=rngs)
-        self.prenorm, self.glu = prenorm, glu
 
-    def _mix(self, x):
-        x = self.drop(jax.nn.gelu(x))
-        if self.glu:
-            x = self.out(x) * jax.nn.sigmoid(self.out2(x))
-        else:
-            x = self.out(x)
-        return self.drop(x)
+    def _mix(self, y):
+        """GELU, then the gated linear unit out(y) * sigmoid(out2(y)), per position."""
+        y = self.drop(jax.nn.gelu(y))
+        return self.drop(self.out(y) * jax.nn.sigmoid(self.out2(y)))
 
     def __call__(self, x):
-        skip = x
-        if self.prenorm:
-            x = self.norm(x)
-        x = skip + self._mix(self.seq(x))
-        return x if self.prenorm else self.norm(x)
+        return x + self._mix(self.seq(self.norm(x)))
 
     def step(self, x_t):
-        skip = x_t
-        if self.prenorm:
-            x_t = self.norm(x_t)
-        x_t = skip + self._mix(self.seq.step(x_t))
-        return x_t if self.prenorm else self.norm(x_t)
+        return x_t + self._mix(self.seq.step(self.norm(x_t)))
 
     def init_cache(self, batch_size):
         self.seq.init_cache(batch_size)
@@ -108,8 +95,7 @@ class StackedModel(nnx.Module):
     """
 
     def __init__(self, layer, d_output, d_model, n_layers, *, rngs: nnx.Rngs,
-                 d_input=1, vocab_size=None, classification=True, dropout=0.0,
-                 prenorm=True, glu=True):
+                 d_input=1, vocab_size=None, classification=True, dropout=0.0):
         n_layers = checks.positive_int(n_layers, "n_layers")
         factories = checks.factories(layer, "layer")
         self.vocab_size = vocab_size
@@ -120,10 +106,10 @@ class StackedModel(nnx.Module):
             self.encoder = nnx.Linear(d_input, d_model, rngs=rngs)
         self.layers = nnx.List([
             SequenceBlock(factories[i % len(factories)], d_model, rngs=rngs,
-                          dropout=dropout, prenorm=prenorm, glu=glu)
+                          dropout=dropout)
             for i in range(n_layers)
         ])
-        self.norm = nnx.LayerNorm(d_model, rngs=rngs) if prenorm else None
+        self.norm = nnx.LayerNorm(d_model, rngs=rngs)
         self.decoder = nnx.Linear(d_model, d_output, rngs=rngs)
 
     @property
@@ -145,9 +131,7 @@ class StackedModel(nnx.Module):
         return jnp.pad(x[:, :-1], ((0, 0), (1, 0), (0, 0)))
 
     def _head(self, x):
-        if self.norm is not None:
-            x = self.norm(x)
-        return jax.nn.log_softmax(self.decoder(x), axis=-1)
+        return jax.nn.log_softmax(self.decoder(self.norm(x)), axis=-1)
 
     def __call__(self, x):
         self._check_input(x, 2)

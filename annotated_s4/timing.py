@@ -22,7 +22,7 @@ from . import _checks as checks
 from .hippo import make_DPLR_HiPPO
 from .layers import S4Layer
 from .s4 import K_gen_inverse, conv_from_gen, hippo_ssm, kernel_DPLR
-from .ssm import K_conv
+from .ssm import K_conv, causal_convolution, discretize, random_SSM, run_SSM
 
 __all__ = ["time_fn", "peak_bytes", "training_peak_bytes", "convolution_timings",
            "layer_scaling", "crossover", "KERNELS", "kernel_fns", "layer_kernel_fn",
@@ -144,10 +144,6 @@ def convolution_timings(lengths, N=64, repeats=5, seed=3):
     of each, XLA's count of floating-point operations (`op_count`): fft_flops,
     direct_flops, scan_flops (for the scan, L times the count of one step).
     """
-    import jax.numpy as jnp
-
-    from .ssm import K_conv, causal_convolution, discretize, random_SSM, run_SSM
-
     A, B, C = random_SSM(jax.random.PRNGKey(seed), N)
     A = A - N * jnp.eye(N)
     fft = jax.jit(lambda u, K: causal_convolution(u, K))
@@ -190,8 +186,6 @@ def _layer_programs(layer):
     """(state, fwd, fwd_bwd) for an NNX layer: its state, and pure functions of
     (state, u) for the forward pass and for the gradient of the summed output
     with respect to the state and u (one training step's work)."""
-    from flax import nnx
-
     graph, state = nnx.split(layer)
 
     def fwd(state, u):
