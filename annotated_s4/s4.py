@@ -1,8 +1,9 @@
 """S4: the structured SSM kernel.
 
-The diagonal case (S4D) comes first in the file because everything else
-reduces to it: for a diagonal state matrix diag(Lambda) the kernel is a
-Vandermonde product, computed in O(N L) without any matrix powers.
+The diagonal case (S4D) comes first in the file because it is the simplest:
+for a diagonal state matrix diag(Lambda) the kernel is a Vandermonde
+product, computed in O(N L) without any matrix powers. The DPLR kernel of
+S4 that follows reduces instead to Cauchy products.
 """
 
 from __future__ import annotations
@@ -62,19 +63,21 @@ def discretize_diagonal(Lambda, B, step):
     return Lambda_bar, (Lambda_bar - 1.0) / Lambda * B
 
 
-def kernel_diagonal(Lambda, B, C, step, L):
-    """The kernel K_l = Re sum_n C_n B_bar_n Lambda_bar_n^l of a diagonal SSM,
-    shape (L,).
+def kernel_diagonal(Lambda, B, C, step, L, conj=False):
+    """The kernel K_l = Re sum_n C_n B_bar_n Lambda_bar_n^l of a diagonal SSM
+    discretised by a zero-order hold, shape (L,).
 
     A Vandermonde matrix-vector product: exp(step * Lambda * l) for every
-    (n, l), contracted with C * B_bar. Complex in, real out (the pairs of
-    conjugate eigenvalues this stands for are folded into the factor 2 the
-    caller puts in C, or into taking the real part as here).
+    (n, l), contracted with C * B_bar. Complex in, real out.
+    conj=True: the N stored modes stand for N conjugate pairs (as in
+    `kernel_DPLR`), and each partner adds the complex conjugate of its mode's
+    term, so K_l = 2 Re sum_n C_n B_bar_n Lambda_bar_n^l.
     """
     Lambda, B, C = checks.diagonal(Lambda, B, C, step=step, L=L)
     _, B_bar = discretize_diagonal(Lambda, B, step)
     V = jnp.exp((step * Lambda)[:, None] * jnp.arange(L)[None, :])  # (N, L)
-    return jnp.einsum("n,nl->l", C * B_bar, V).real
+    K = jnp.einsum("n,nl->l", C * B_bar, V).real
+    return 2.0 * K if conj else K
 
 
 def vandermonde(W, log_z, L):

@@ -202,6 +202,12 @@ def test_s4d_inits_and_kernel():
         Bb = (Lb - 1) / Lam * B
         dense = np.array([(C * Lb**l * Bb).sum().real for l in range(20)])
         assert np.allclose(K, dense, rtol=1e-10)
+        # conj=True: the 4 modes stand for 4 conjugate pairs, the kernel of the
+        # real SSM of size 8 built from all of them
+        full = [np.concatenate([x, x.conj()]) for x in (Lam, B, C)]
+        K_pairs = kernel_diagonal(Lam, B, C, 0.1, 20, conj=True)
+        assert np.allclose(K_pairs, kernel_diagonal(*full, 0.1, 20), rtol=1e-10)
+        assert np.allclose(K_pairs, 2 * K, rtol=1e-10)
 
 
 def test_errors():
