@@ -49,9 +49,17 @@ TEST_WORKERS ?= 2
 JAX_CACHE := JAX_COMPILATION_CACHE_DIR=$(CURDIR)/_build/jax_cache \
 	JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 
+# The chapters' re-evaluations of reference runs (runner.held_out_items), kept for
+# the rest of one `make test` (several pages score the same runs) and for the
+# `make book` after it; `make test` starts with it empty, so that it re-evaluates
+# every run once. Each result is filed under a digest of the run, the package's
+# source, the libraries and the device.
+EVAL_CACHE := ANNOTATED_S4_EVAL_CACHE=$(CURDIR)/_build/eval_cache
+
 test: $(STAMP) browser-tools
 	$(PY) tools/notebooks.py --check
-	$(JAX_CACHE) XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -p no:cacheprovider \
+	rm -rf _build/eval_cache
+	$(JAX_CACHE) $(EVAL_CACHE) XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 \
 		--durations=15 $(wildcard book/*.ipynb) tests
 
@@ -94,7 +102,7 @@ book: $(STAMP) browser-tools
 		-newer $(CACHE_STAMP) -print -quit)" ]; then \
 		echo "no complete build since the package last changed: executing every chapter"; \
 		rm -rf _build/.jupyter_cache _build/.doctrees; fi
-	$(JAX_CACHE) $(VENV)/bin/jupyter-book build . --builder html -W --keep-going
+	$(JAX_CACHE) $(EVAL_CACHE) $(VENV)/bin/jupyter-book build . --builder html -W --keep-going
 	$(PY) tools/check_site.py _build/html
 	$(PY) tools/check_browser.py _build/html --mathjax _build/mathjax
 	touch $(CACHE_STAMP)

@@ -104,6 +104,8 @@ def read_checkpoint_info(directory):
 
 def load_checkpoint(directory, model, optimizer=None):
     """Restore `model` (and `optimizer`) in place from directory/checkpoint.npz.
+    The model may be abstract (built by `nnx.eval_shape`, its arrays only
+    shapes): every array it has is then filled from the file.
 
     Returns (step, extra). Raises FileNotFoundError if there is no checkpoint
     and ValueError if it was written for a different model or optimizer.
@@ -126,13 +128,19 @@ def load_checkpoint(directory, model, optimizer=None):
         for i, (_, leaf) in enumerate(leaves_with_path):
             saved = f[f"leaf_{i:05d}"]
             if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-                value = jax.random.wrap_key_data(saved, impl=jax.random.key_impl(leaf))
+                # an abstract key (a model built by nnx.eval_shape) names no
+                # implementation: the default one, which must give its dtype
+                impl = jax.random.key_impl(leaf) if isinstance(leaf, jax.Array) else None
+                value = jax.random.wrap_key_data(saved, impl=impl)
+                if value.dtype != leaf.dtype:
+                    raise ValueError(f"checkpoint {path}: key {paths[i]} is {value.dtype}, "
+                                     f"the model expects {leaf.dtype}")
             else:
                 if saved.shape != leaf.shape:
                     raise ValueError(f"checkpoint {path}: array {paths[i]} has shape "
                                      f"{saved.shape}, the model expects {leaf.shape}")
                 value = jnp.asarray(saved, dtype=leaf.dtype)
-            new.append(jax.device_put(value, leaf.sharding))
+            new.append(jax.device_put(value, getattr(leaf, "sharding", None)))
         step = int(f["step"])
         extra = json.loads(str(f["extra"]))
     nnx.update(nodes, jax.tree_util.tree_unflatten(treedef, new))

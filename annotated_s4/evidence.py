@@ -18,7 +18,7 @@ from flax import nnx
 
 from .models import eval_mode
 from .reference import command, locate
-from .runner import RECORDED_BATCH, compare, item_statistics, load_run, metrics_of_items
+from .runner import RECORDED_BATCH, compare, held_out_items, load_run, metrics_of_items
 
 _forward = nnx.jit(lambda model, x: model(x))   # one compiled program per model and shape
 
@@ -37,11 +37,10 @@ def reevaluate_classifier(name):
     recomputed metrics, and `right`, which examples it names correctly. Raises
     if the recomputed metrics differ from the recorded ones by more than
     float32 rounding explains (`runner.compare`): the run must be re-made."""
-    model, data, run = load_run(locate(name))
-    with jax.default_matmul_precision("float32"):
-        logp, y = log_probs(model, data["x_test"]), data["y_test"]
-    items = {k: np.asarray(v) for k, v in item_statistics(logp, y).items()}
-    metrics = metrics_of_items(items, data, terms=min(RECORDED_BATCH, len(y)))
+    directory = locate(name)
+    model, data, run = load_run(directory)
+    items = held_out_items(directory, model, data)
+    metrics = metrics_of_items(items, data, terms=min(RECORDED_BATCH, len(data["y_test"])))
     bad = compare(run["metrics"], metrics)
     if bad:
         differ = ", ".join(f"{k} {old} recorded, {new} now" for k, (old, new) in bad.items())

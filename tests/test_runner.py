@@ -173,3 +173,47 @@ def test_a_float32_evaluation_stays_within_its_rounding_bound():
     scale = np.maximum(1.0, np.abs(logp32).max(-1))
     units = np.abs(logp32 - logp64).max(-1) / (runner.UNIT_ROUNDOFF * scale)
     assert 0 < units.max() < runner.ROUNDING_UNITS
+
+
+def test_a_kept_re_evaluation_is_read_back_and_a_changed_run_is_measured_again(
+        tmp_path, monkeypatch):
+    """With $ANNOTATED_S4_EVAL_CACHE set, a run's held-out statistics are measured
+    once and read back after; a run whose checkpoint changed is measured again."""
+    out = tmp_path / "run"
+    runner.run(_args(["--steps", "2", "--out", str(out)]), log=None)
+    monkeypatch.setenv(runner.EVAL_CACHE, str(tmp_path / "kept"))
+    model, data, _ = runner.load_run(str(out))
+    first = runner.held_out_items(str(out), model, data)
+    assert len(list((tmp_path / "kept").glob("*.npz"))) == 1
+
+    measured = []
+    original = runner.measure_items
+    monkeypatch.setattr(runner, "measure_items", lambda *a, **k: measured.append(1) or original(*a, **k))
+    again = runner.held_out_items(str(out), model, data)
+    assert not measured                               # read back, not measured
+    for k in first:
+        np.testing.assert_array_equal(first[k], again[k])
+    metrics, run = runner.evaluate_run(str(out))
+    assert not measured and not runner.compare(run["metrics"], metrics)
+
+    state = nnx.state(model, nnx.Param)               # move one weight: another run
+    leaf = jax.tree_util.tree_leaves(state)[0]
+    nnx.update(model, jax.tree_util.tree_map(lambda x: x + 1.0 if x is leaf else x, state))
+    runner.save_checkpoint(str(out), model)
+    runner.held_out_items(str(out), model, data)
+    assert measured == [1] and len(list((tmp_path / "kept").glob("*.npz"))) == 2
+
+
+def test_a_run_loads_without_initialising_its_model(tmp_path):
+    """load_run builds the model abstract (shapes only) and fills every array
+    from the checkpoint: the loaded model is the trained one, array for array."""
+    out = tmp_path / "run"
+    trained = runner.run(_args(["--steps", "2", "--out", str(out)]), log=None)["model"]
+    loaded = runner.load_run(str(out))[0]
+    a, b = nnx.state(trained), nnx.state(loaded)
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        assert isinstance(y, jax.Array)
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
