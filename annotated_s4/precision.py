@@ -1,27 +1,32 @@
 """The arithmetic of float32 matrix products, and a way to see a GPU's on a CPU.
 
 On an NVIDIA GPU of compute capability 8.0 or later (A100, H100, ...), JAX's
-default matmul precision (`jax_default_matmul_precision` unset) multiplies
-float32 matrices in TensorFloat-32: each operand is rounded to TF32 (float32's
-8 exponent bits, 10 explicit mantissa bits: unit roundoff 2^-11 instead of
-float32's 2^-24), and the products are accumulated in float32. Convolutions
-(`lax.conv_general_dilated`) do the same; this package does not use them.
-XLA's CPU backend ignores the setting and always multiplies in full float32,
-so a float32 comparison tuned on a CPU can fail on a GPU.
+default matmul precision (`jax_default_matmul_precision` unset) lets XLA
+multiply float32 matrices in TensorFloat-32: each operand is reduced to TF32
+(float32's 8 exponent bits, 10 explicit mantissa bits: unit roundoff 2^-11 when
+rounded to nearest, 2^-10 when the other bits are dropped, instead of float32's
+2^-24), and the products are accumulated in float32. Convolutions
+(`lax.conv_general_dilated`) may do the same; this package does not use them.
+Which products go to TF32 is XLA's choice: JAX documents only that they may,
+and XLA need not send every one (a matrix-vector product, say) to the tensor
+cores. XLA's CPU backend ignores the setting and always multiplies in full
+float32, so a float32 comparison tuned on a CPU can fail on a GPU.
 
 - `round_to_tf32(x)` rounds float32 (or complex64) values to TF32, to nearest
   with ties to even.
 - `emulate_tf32()` is a context manager under which every float32 and complex64
   `dot_general` (what `jnp.dot`, `@`, `jnp.einsum` and `nnx.Linear` compile to)
   whose effective precision is below `"highest"` rounds its operands to TF32
-  first: what such a GPU computes, up to the order of the float32 sums.
+  (to nearest) first: the worst case of such a GPU at that precision, every
+  product in TF32, up to the order of the float32 sums.
 - `matmul_unit_roundoff()` is the unit roundoff of a float32 matrix product on
   the default device at the precision in force, for tolerances derived from the
   arithmetic rather than tuned to one machine.
 
 Setting the environment variable `ANNOTATED_S4_EMULATE_TF32=1` before
 `import annotated_s4` switches the emulation on for the whole process (a test
-run, a notebook kernel): the book then runs on a CPU as it runs on such a GPU.
+run, a notebook kernel): the book then runs on a CPU with every float32
+product rounded, the worst case of such a GPU.
 An accuracy measurement that holds only in float32 states it with
 `with jax.default_matmul_precision("float32"):`, which the emulation honours.
 """
@@ -107,7 +112,7 @@ _saved = {}
 
 
 def _uses_tf32(precision):
-    """Whether a GPU of compute capability >= 8.0 multiplies float32 in TF32
+    """Whether a GPU of compute capability >= 8.0 may multiply float32 in TF32
     at `precision` (the dot_general primitive's canonical parameter)."""
     if precision is None:
         return True
@@ -159,15 +164,18 @@ def emulating_tf32():
 
 @contextlib.contextmanager
 def emulate_tf32():
-    """Multiply float32 and complex64 matrices as a GPU of compute capability >= 8.0 does.
+    """Multiply float32 and complex64 matrices as a GPU of compute capability >= 8.0
+    may at most: every product in TF32.
 
     Inside the block, every `dot_general` whose effective precision (its
     `precision=` argument, else `jax_default_matmul_precision`) is below
     `"highest"`/`"float32"` rounds its float32 or complex64 operands to TF32
     (`round_to_tf32`) before multiplying; the products are accumulated in
-    float32, as on the GPU. Gradients go through (the backward products are
-    rounded too, as on the GPU). JAX's caches are cleared on entry and exit, so
-    that programs compiled outside the block are traced again. Blocks nest.
+    float32, as on the GPU. On a real GPU, XLA may compute some of these
+    products in full float32; the emulation rounds them all, a worst case.
+    Gradients go through (the backward products are rounded too). JAX's
+    caches are cleared on entry and exit, so that programs compiled outside
+    the block are traced again. Blocks nest.
     """
     global _depth
     if _depth == 0:
@@ -207,8 +215,9 @@ def matmul_unit_roundoff(device=None):
     (default: JAX's default device) at the precision in force.
 
     2^-24 (float32) on a CPU, and anywhere at `"highest"`/`"float32"` precision;
-    2^-11 (TF32) at lower precision on an NVIDIA GPU of compute capability 8.0 or
-    later, and under `emulate_tf32()`; 2^-24 on older GPUs (such as a T4), which
+    2^-11 (TF32, rounded to nearest; a product XLA keeps in float32 does better)
+    at lower precision on an NVIDIA GPU of compute capability 8.0 or later, and
+    under `emulate_tf32()`; 2^-24 on older GPUs (such as a T4), which
     have no TF32; 2^-8 (bfloat16, one pass) at default precision on a TPU, 2^-16
     at `"high"` (three bfloat16 passes carry about 16 bits). The error of a
     product of length-n vectors is then at most about (n + 2) u |a|.|b|,
