@@ -221,6 +221,26 @@ def decayed_kernel(t, decay):
     return t, gamma
 
 
+def fit_init(init, names, h, d):
+    """None or a dict from some of `names` to finite real arrays of shape (h,)
+    or (h, d): the starting values of a fit. Returns the dict ({} for None)."""
+    if init is None:
+        return {}
+    if not isinstance(init, dict):
+        raise TypeError(f"init must be a dict or None, got {type(init).__name__}")
+    unknown = sorted(set(init) - set(names))
+    if unknown:
+        raise ValueError(f"init has unknown names {unknown}; expected some of {sorted(names)}")
+    out = {}
+    for name, value in init.items():
+        value = array(value, f"init[{name!r}]", ndim=(1, 2), kind="real")
+        if value.shape not in ((h,), (h, d)):
+            raise ValueError(f"init[{name!r}] must have shape ({h},) or ({h}, {d}), "
+                             f"got {value.shape}")
+        out[name] = finite(value, f"init[{name!r}]")
+    return out
+
+
 def diagonal_ssm(lambd, b):
     """A diagonal SSM's eigenvalues lambd (h,) or (h, d) and input vector b of
     the same leading size (h,) or (h, d), both finite. Returns (lambd, b)."""

@@ -98,8 +98,8 @@ class TNNLayer(_LongConvolution):
     training length): Linear(1, rpe_dim), ReLU, Linear(rpe_dim, rpe_dim),
     ReLU, Linear(rpe_dim, H). It defines a kernel at every length, which is how
     TNN extrapolates, and ``to_ssm(h, decay=gamma)`` converts it with its own
-    decay folded into the eigenvalues (lambd = gamma omega^k, as in the ETSC
-    paper's TNN).
+    decay folded into the eigenvalues (lambd = gamma omega^k, as the ETSC
+    authors' code does).
     """
 
     def __init__(self, H, L, *, rngs: nnx.Rngs, gamma=0.99, rpe_dim=32):
@@ -119,6 +119,16 @@ class TNNLayer(_LongConvolution):
     def kernel(self, L):
         """t_i = gamma^i RPE(i), i < L: (H, L)."""
         return (self.rpe_values(L) * decay_powers(self.gamma, L, jnp.float32)[:, None]).T
+
+    def to_ssm(self, h=None, decay=None):
+        """With the layer's own decay (decay == gamma), RPE's values r are
+        converted directly, the same SSM as converting t = gamma^i r and
+        dividing the decay back out, but without forming gamma^i, which
+        leaves float32's normal range at long h (near 8,700 lags for 0.99)."""
+        h = self.L if h is None else checks.positive_int(h, "h")
+        if decay is None or checks.decay_factor(decay) != self.gamma:
+            return super().to_ssm(h, decay)
+        return ETSCLayer(etsc(self.rpe_values(h))[1], self.D[...], decay=self.gamma)
 
 
 class SGConvLayer(_LongConvolution):

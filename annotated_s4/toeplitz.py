@@ -94,15 +94,17 @@ def etsc(t, decay=None, half=False):
 
 def etsc_grid(lambd):
     """(N, gamma) if lambd is an ETSC grid gamma * exp(2 pi i k/N), k = 1..h,
-    full (h = N - 1) or half (h = floor(N/2)); None otherwise, and under jit
-    (a tracer has no values), so the checked entry points take their general
-    path."""
+    full (h = N - 1) or half (h = floor(N/2)), to within a few roundings of
+    lambd's dtype; None otherwise, and under jit (a tracer has no values), so
+    the checked entry points take their general path. A lambd that is off
+    the grid by more than its rounding is not snapped onto it."""
     if isinstance(lambd, jax.core.Tracer) or lambd.ndim != 1:
         return None
+    tol = 16 * float(jnp.finfo(lambd.dtype).eps)  # a few roundings of lambd
     lam = np.asarray(lambd).astype(np.complex128)
     h, mod = lam.shape[0], np.abs(lam)
     gamma = float(mod.mean())
-    if not 0 < gamma < 1 + 1e-4 or np.any(np.abs(mod - gamma) > 1e-4 * gamma):
+    if not 0 < gamma < 1 + tol or np.any(np.abs(mod - gamma) > tol * gamma):
         return None
     ang = np.angle(lam)
     if ang[0] <= 0:
@@ -112,7 +114,7 @@ def etsc_grid(lambd):
         return None
     k = ang * N / (2 * np.pi)
     k = np.where(k < 0.5, k + N, k)  # angles in (-pi, pi] -> k in 1..h
-    if np.any(np.abs(k - np.arange(1, h + 1)) > 1e-2):
+    if np.any(np.abs(k - np.arange(1, h + 1)) * 2 * np.pi / N > tol * np.pi):  # angles
         return None
     return N, (None if abs(gamma - 1) < 1e-6 else gamma)
 
@@ -126,7 +128,9 @@ def ssm_to_toeplitz(lambd, b, n):
 
     The powers lambd_k^i are where precision goes: a float32 lambd carries a
     relative error ~6e-8 that the i-th power multiplies by i. For the ETSC
-    grid (full, half, decayed or not) the exponent is known exactly,
+    grid (full, half, decayed or not; `etsc_grid` recognises it to within a
+    few roundings of lambd, and evaluates the grid lambd rounds to) the
+    exponent is known exactly,
     omega^{ik} = omega^{(ik mod N)}, and the sum over k is an inverse DFT, which
     computes every phase from the integer ik mod N: `etsc_kernel`. Any other
     lambd is evaluated as exp(i log lambd) chunk by chunk.
@@ -149,6 +153,7 @@ def ssm_to_toeplitz(lambd, b, n):
     return out if b.ndim == 2 else out[:, 0]
 
 
+@functools.partial(jax.jit, static_argnames=("n", "N", "decay"))
 def etsc_kernel(b, n, N=None, decay=None):
     """t_i = Re sum_k b_k gamma^i omega^{ik}, omega = exp(2 pi i/N), i < n.
 
@@ -159,6 +164,8 @@ def etsc_kernel(b, n, N=None, decay=None):
     closed form before the FFT, so the spike at lag N-1 does not swamp the
     rounding. Periodic with period N, times gamma^i. No input checks (it is
     called inside jitted layers); `ssm_to_toeplitz` is the checked entry point.
+    Compiled once per shape, n, N and decay (static: they fix the shapes and
+    the float64 constants).
     """
     b2 = b if b.ndim == 2 else b[:, None]
     h = b2.shape[0]
@@ -235,13 +242,16 @@ def _adam_fit(params, t2, lr, steps):
     return params, losses
 
 
-def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0):
+def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0, init=None):
     """The gradient baseline (Algorithm 2 of ETSC): fit lambd, b by Adam.
 
     Per channel, lambd = sigmoid(r) exp(i theta) and b = b_re + i b_im with
     r, theta, b_re, b_im ~ N(0, 1), minimising sum_i |t_i - sum_k b_k lambd_k^i|^2
-    (scaled by sum t^2). Returns (lambd, b, losses): lambd and b of shape (h,)
-    or (h, d) (one set per channel), losses (steps,) the relative squared error.
+    (scaled by sum t^2). `init` (optional) maps some of the names "r", "theta",
+    "b_re", "b_im" to starting values of shape (h,) or (h, d), which replace the
+    random draws (to study where the fit starts). Returns (lambd, b, losses):
+    lambd and b of shape (h,) or (h, d) (one set per channel), losses (steps,)
+    the relative squared error.
     Memory is O(n h d): the Vandermonde tensor is formed at each step.
     """
     t, h = checks.toeplitz_kernel(t), checks.positive_int(h, "h")
@@ -253,6 +263,8 @@ def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0):
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
     params = {name: jax.random.normal(k, (h, d), t.dtype)
               for name, k in zip(("r", "theta", "b_re", "b_im"), keys)}
+    for name, value in checks.fit_init(init, params, h, d).items():
+        params[name] = jnp.broadcast_to(jnp.asarray(value, t.dtype).reshape(h, -1), (h, d))
     params, losses = _adam_fit(params, t2, jnp.asarray(lr, t.dtype), steps)
     lambd = jax.nn.sigmoid(params["r"]) * jnp.exp(1j * params["theta"])
     b = params["b_re"] + 1j * params["b_im"]

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec
 
 from . import _checks as checks
@@ -108,13 +108,20 @@ def evaluate(model, x, y=None, batch_size=256, mesh=None):
     come from here, and its re-evaluation, `runner.remeasure`, uses the same
     precision).
 
-    With a `mesh`, each evaluation batch is replicated onto its devices (where
-    the replicated model lives).
+    With a `mesh`, each evaluation batch is split over its devices like a
+    training batch, so that each device evaluates its share; a last batch
+    whose size the devices do not divide is replicated instead.
     """
     n = len(x)
     totals = np.zeros(2)
-    put = jnp.asarray if mesh is None else (
-        lambda a: jax.device_put(a, NamedSharding(mesh, PartitionSpec())))
+
+    def put(a):
+        if mesh is None:
+            return jnp.asarray(a)
+        if len(a) % mesh.devices.size == 0:
+            return shard_batch(mesh, a)
+        return jax.device_put(a, NamedSharding(mesh, PartitionSpec()))
+
     with eval_mode(model), jax.default_matmul_precision("float32"):
         for start in range(0, n, batch_size):
             xb = put(x[start:start + batch_size])
@@ -134,11 +141,15 @@ def evaluate(model, x, y=None, batch_size=256, mesh=None):
 
 
 def make_mesh(devices=None):
-    """A 1-D `jax.sharding.Mesh` named ("data",) over `devices` (default: all)."""
+    """A 1-D mesh named ("data",) over `devices` (default: all), made by
+    `jax.make_mesh` (which orders devices by their physical topology), with
+    the axis type Auto: `jit` partitions whatever the inputs' shardings leave
+    open."""
     devices = jax.devices() if devices is None else list(devices)
     if not devices:
         raise ValueError("devices must not be empty")
-    return Mesh(np.array(devices), ("data",))
+    return jax.make_mesh((len(devices),), ("data",), axis_types=(AxisType.Auto,),
+                         devices=devices)
 
 
 def shard_batch(mesh, x):
@@ -182,6 +193,11 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     and the saved `history`. With a `mesh`, batches are split over its devices
     (model and optimizer replicated first). `on_step(step, history)` runs after
     every step (checkpointing, pre-emption).
+
+    Each step's loss is read back to the host (to record it and to stop on a
+    non-finite loss), which waits for the step; the next batch is gathered
+    and sent to the device before that wait, so that this host work overlaps
+    the device's computation instead of following it.
     """
     steps = checks.positive_int(steps, "steps")
     batch_size = checks.batch_size(batch_size, len(x_train))
@@ -194,11 +210,17 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     log = log or (lambda *_: None)
     model.train()
     first = history["step"][-1] + 1 if history["step"] else 1
-    for step in range(first, steps + 1):
+
+    def batch(step):
         idx = batch_indices(seed, step, len(x_train), batch_size)
+        return put(x_train[idx]), None if y_train is None else put(y_train[idx])
+
+    xb, yb = batch(first) if first <= steps else (None, None)
+    for step in range(first, steps + 1):
         start = time.perf_counter()
-        loss, acc = train_step(model, optimizer, put(x_train[idx]),
-                               None if y_train is None else put(y_train[idx]))
+        loss, acc = train_step(model, optimizer, xb, yb)  # returns before the step is done
+        if step < steps:
+            xb, yb = batch(step + 1)  # prepared while the device computes
         loss = float(loss)  # waits for the step to finish
         checks.finite_loss(loss, step, lr)
         history["step"].append(step)

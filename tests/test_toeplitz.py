@@ -363,3 +363,50 @@ def test_long_convolution_bad_input_names_the_argument():
         ETSCLayer(b, jnp.ones(3))
     with pytest.raises(ValueError, match="init_cache"):
         ETSCLayer(b, jnp.ones(4)).step(jnp.zeros((2, 4)))
+
+
+def test_gradient_fit_init_replaces_the_random_start():
+    n = 32
+    t = jax.random.normal(jax.random.PRNGKey(3), (n,))
+    grid = dict(r=np.full(n, np.log(n - 1)), theta=2 * np.pi * np.arange(n) / n,
+                b_re=np.zeros(n), b_im=np.zeros(n))
+    lambd, _, losses = fit_toeplitz_gradient(t, n, steps=1, init=grid)
+    # before its first step the fit is at the start it was given: b = 0, loss 1
+    assert float(losses[0]) == pytest.approx(1.0, rel=1e-6)
+    np.testing.assert_allclose(np.abs(lambd), 1 - 1 / n, rtol=1e-4)
+    # from that start (phases on a DFT grid) the fit is least squares in b and converges
+    _, _, losses = fit_toeplitz_gradient(t, n, steps=800, lr=1e-2, init=grid)
+    assert float(np.sqrt(losses.min())) < 1e-2
+    with pytest.raises(ValueError, match="unknown names"):
+        fit_toeplitz_gradient(t, n, steps=1, init={"phase": np.zeros(n)})
+    with pytest.raises(ValueError, match=r"init\['r'\] must have shape"):
+        fit_toeplitz_gradient(t, n, steps=1, init={"r": np.zeros(n + 1)})
+    with pytest.raises(TypeError, match="init must be a dict"):
+        fit_toeplitz_gradient(t, n, steps=1, init=[0.0])
+
+
+def test_etsc_grid_recognises_rounding_but_does_not_snap():
+    from annotated_s4.toeplitz import etsc_grid
+    lambd, _ = etsc(kernel(1000))  # float32: the grid, rounded
+    assert etsc_grid(lambd) == (1001, None)
+    with jax.enable_x64(True):
+        t = kernel(1000, dtype=jnp.float64)
+        lambd, b = etsc(t)
+        assert etsc_grid(lambd) == (1001, None)
+        phase = 3e-6 * np.random.default_rng(0).normal(size=1000)
+        phase[0] = 0.0
+        moved = lambd * jnp.exp(1j * jnp.asarray(phase))  # off the grid by far more than rounding
+        assert etsc_grid(moved) is None
+        assert rel(ssm_to_toeplitz(moved, b, 1000), ssm_to_toeplitz_naive(moved, b, 1000)) < 1e-9
+
+
+def test_tnn_converts_its_network_directly_past_float32_decay_range():
+    layer = TNNLayer(2, 64, rngs=nnx.Rngs(0), gamma=0.99)
+    direct = layer.to_ssm(512, decay=0.99)
+    via_t = ETSCLayer.from_kernel(layer.kernel(512), layer.D[...], decay=0.99)
+    assert rel(direct.b[...], via_t.b[...]) < 1e-5  # the same SSM
+    with pytest.raises(ValueError, match="decay"):
+        ETSCLayer.from_kernel(layer.kernel(9000), layer.D[...], decay=0.99)  # 0.99^i underflows
+    long = layer.to_ssm(9000, decay=0.99)
+    assert bool(jnp.all(jnp.isfinite(long.b[...])))
+    assert rel(long.kernel(256), layer.kernel(256)) < 1e-3
