@@ -17,8 +17,9 @@ float32, so a float32 comparison tuned on a CPU can fail on a GPU.
 - `emulate_tf32()` is a context manager under which every float32 and complex64
   `dot_general` (what `jnp.dot`, `@`, `jnp.einsum` and `nnx.Linear` compile to)
   whose effective precision is below `"highest"` rounds its operands to TF32
-  (to nearest) first: the worst case of such a GPU at that precision, every
-  product in TF32, up to the order of the float32 sums.
+  (to nearest) first: every product in TF32, up to the order of the float32
+  sums. This models one plausible GPU at that precision; hardware or kernels
+  that drop the extra mantissa bits instead of rounding them err more.
 - `matmul_unit_roundoff()` is the unit roundoff of a float32 matrix product on
   the default device at the precision in force, for tolerances derived from the
   arithmetic rather than tuned to one machine.
@@ -26,7 +27,7 @@ float32, so a float32 comparison tuned on a CPU can fail on a GPU.
 Setting the environment variable `ANNOTATED_S4_EMULATE_TF32=1` before
 `import annotated_s4` switches the emulation on for the whole process (a test
 run, a notebook kernel): the book then runs on a CPU with every float32
-product rounded, the worst case of such a GPU.
+product rounded to TF32.
 An accuracy measurement that holds only in float32 states it with
 `with jax.default_matmul_precision("float32"):`, which the emulation honours.
 """
@@ -172,7 +173,8 @@ def emulate_tf32():
     `"highest"`/`"float32"` rounds its float32 or complex64 operands to TF32
     (`round_to_tf32`) before multiplying; the products are accumulated in
     float32, as on the GPU. On a real GPU, XLA may compute some of these
-    products in full float32; the emulation rounds them all, a worst case.
+    products in full float32; the emulation rounds them all (to nearest: a
+    GPU kernel that truncates the operands errs more).
     Gradients go through (the backward products are rounded too). JAX's
     caches are cleared on entry and exit, so that programs compiled outside
     the block are traced again. Blocks nest.
