@@ -107,8 +107,8 @@ def test_flash_attention_equals_attention_with_its_gradients(L, block):
         flash = lambda q, k, v: flash_attention(q, k, v, block)  # noqa: E731
         assert jnp.abs(flash(q, k, v) - causal_attention(q, k, v)).max() < 1e-10
 
-        def grads(fn):
-            return jax.grad(lambda *a: jnp.sum(fn(*a) * g), argnums=(0, 1, 2))(q, k, v)
+        def grads(fn):  # one compiled program (eagerly, each operation is compiled apart)
+            return jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * g), argnums=(0, 1, 2)))(q, k, v)
 
         for got, want in zip(grads(flash), grads(causal_attention)):
             assert jnp.abs(got - want).max() < 1e-10

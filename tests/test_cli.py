@@ -51,9 +51,10 @@ def test_help_lists_the_options(capsys):
 
 def test_train_takes_the_layers_options_and_refuses_another_layers(tmp_path):
     out = tmp_path / "s4"
-    cli.main(["train", *TINY[:2], "--layer", "s4", "--n-layers", "1", "--d-model", "8",
-              "--state-size", "4", "--init", "gaussian", "--b-clip", "2", "--steps", "1",
-              "--out", str(out)])
+    # TINY's settings (its --state-size 4 now an option of s4): the programs of
+    # test_registry's one-step s4 run (the initialisation changes values only)
+    cli.main(["train", *TINY, "--layer", "s4", "--init", "gaussian", "--b-clip", "2",
+              "--steps", "1", "--out", str(out)])
     options = json.loads((out / "config.json").read_text())["layer_options"]
     assert (options["init"], options["b_clip"], options["state_size"]) == ("gaussian", 2.0, 4)
     with pytest.raises(SystemExit, match="--b-clip is not an option of --layer s4d"):
@@ -64,13 +65,14 @@ def test_train_takes_the_layers_options_and_refuses_another_layers(tmp_path):
 
 def test_cli_writes_metrics_and_checkpoint(tmp_path):
     out = tmp_path / "run"
-    metrics = cli.main(["train", *TINY, "--steps", "4", "--out", str(out)])
+    # two steps: the TINY programs of other tests (at most two steps, one schedule)
+    metrics = cli.main(["train", *TINY, "--steps", "2", "--out", str(out)])
     saved = json.loads((out / "metrics.json").read_text())
-    assert 0.0 <= saved["test_accuracy"] <= 1.0 and saved["steps"] == 4
+    assert 0.0 <= saved["test_accuracy"] <= 1.0 and saved["steps"] == 2
     assert saved["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
     assert {"checkpoint.npz", "config.json", "history.json"} <= set(os.listdir(out))
     with np.load(out / "checkpoint.npz", allow_pickle=False) as f:  # no pickle inside
-        assert int(f["step"]) == 4
+        assert int(f["step"]) == 2
 
 
 def test_generation_dataset_reports_nll_and_samples(tmp_path, capsys):
@@ -100,7 +102,7 @@ def test_divergence_is_reported_not_written(tmp_path):
 
 def test_evaluate_reproduces_a_run_and_names_what_is_wrong(tmp_path, capsys):
     out = tmp_path / "run"
-    cli.main(["train", *TINY, "--steps", "3", "--out", str(out)])
+    cli.main(["train", *TINY, "--steps", "2", "--out", str(out)])
     recomputed = cli.main(["evaluate", str(out)])
     recorded = json.loads((out / "metrics.json").read_text())
     assert recomputed["test_accuracy"] == pytest.approx(recorded["test_accuracy"], abs=1e-6)

@@ -36,7 +36,9 @@ def test_the_offline_mnist_digits_are_datasets(dataset):
 
 
 def test_the_initial_step_range_is_an_option(tmp_path):
-    args = _args(["--steps", "1", "--layer", "ssm", "--dt-min", "1e-4", "--dt-max", "1e-3"])
+    # the run of test_every_layer_trains_on_both_kinds_of_data on digits: its
+    # programs are compiled once (the step range changes values, not programs)
+    args = registry.parse(_one_step("ssm", "digits", ["--dt-min", "1e-4", "--dt-max", "1e-3"]))
     model = runner.run(args, log=None)["model"]
     steps = np.exp(np.asarray(model.layers[0].seq.log_step[...]))
     assert np.all((steps >= 1e-4 * 0.99) & (steps <= 1e-3 * 1.01))
@@ -53,10 +55,8 @@ def test_the_initial_step_range_is_an_option(tmp_path):
                                            ("hybrid", "associative-recall")])
 def test_token_layers_train_on_the_recall_tasks(tmp_path, layer, dataset):
     out = tmp_path / f"{layer}-{dataset}"
-    result = runner.run(registry.parse(
-        ["--dataset", dataset, "--layer", layer, "--n-layers", "2", "--d-model", "16",
-         "--state-size", "4", "--head-dim", "4", "--n-heads", "2", "--batch-size", "16",
-         "--steps", "2", "--out", str(out)]), log=None)
+    result = runner.run(registry.parse(_one_step(
+        layer, dataset, ["--n-layers", "2", "--n-heads", "2", "--out", str(out)])), log=None)
     config = json.loads((out / "config.json").read_text())
     seq_len, vocab = registry.RECALL_DEFAULTS[dataset]  # the paper's task sizes by default
     assert (config["seq_len"], config["vocab_size"]) == (seq_len, vocab)
@@ -88,6 +88,16 @@ def tiny_options(layer):
             for arg in (flag(f.name), "4")]
 
 
+def _one_step(layer, dataset, extra=()):
+    """The options of one training step of `layer` (at `tiny_options`) on
+    `dataset`. On digits, a layer of a state size (ssm, s4) is then the
+    conftest's TINY run (its programs are compiled once for all the tests
+    that run TINY for at most two steps, the tests below included)."""
+    return (["--dataset", dataset, "--layer", layer, "--n-layers", "1", "--d-model", "8",
+             "--batch-size", "16", "--lr", "1e-2", "--steps", "1"]
+            + tiny_options(layer) + list(extra))
+
+
 @pytest.mark.parametrize("i,layer", list(enumerate(sorted(registry.LAYERS))))
 def test_every_layer_trains_on_both_kinds_of_data(tmp_path, i, layer):
     """One step of every registered --layer on pixels (real inputs, one label
@@ -101,15 +111,16 @@ def test_every_layer_trains_on_both_kinds_of_data(tmp_path, i, layer):
     n_layers = len(factories) if isinstance(factories, list) else 1
     for dataset, extra in [("digits", []), _TOKEN_TASKS[i % len(_TOKEN_TASKS)]]:
         result = runner.run(registry.parse(
-            ["--dataset", dataset, "--layer", layer, "--n-layers", str(n_layers),
-             "--d-model", "8", "--batch-size", "8", "--steps", "1"]
-            + tiny_options(layer) + extra), log=None)
+            _one_step(layer, dataset, ["--n-layers", str(n_layers)] + extra)), log=None)
         assert np.isfinite(result["test_loss"]), (layer, dataset)
 
 
 def test_the_state_matrix_initialisation_is_an_option():
-    hippo = runner.run(_args(["--steps", "1", "--layer", "s4"]), log=None)["model"]
-    rand = runner.run(_args(["--steps", "1", "--layer", "s4", "--init", "random"]), log=None)["model"]
+    # the digits run of test_every_layer_trains_on_both_kinds_of_data[s4], and
+    # the same with the other initialisation (other values, the same programs)
+    hippo = runner.run(registry.parse(_one_step("s4", "digits")), log=None)["model"]
+    rand = runner.run(registry.parse(_one_step("s4", "digits", ["--init", "random"])),
+                      log=None)["model"]
     a, b = hippo.layers[0].seq, rand.layers[0].seq
     assert not np.allclose(np.asarray(a.Lambda_im[...]), np.asarray(b.Lambda_im[...]))
     with pytest.raises(ValueError, match="--layer s4: argument --init: invalid choice: 'inv'"):
@@ -119,7 +130,9 @@ def test_the_state_matrix_initialisation_is_an_option():
 
 
 def test_independent_state_matrices_are_an_option():
-    own = runner.run(_args(["--steps", "1", "--layer", "s4", "--independent"]), log=None)["model"]
+    # built as a run builds it (its training is test_layers' "s4-independent")
+    args = _args(["--steps", "1", "--layer", "s4", "--independent"])
+    own = registry.build_model(args, registry.load_dataset(args))
     layer = own.layers[0].seq
     assert not layer.shared and layer.Lambda_im[...].shape == (layer.H, layer.N // 2)
     with pytest.raises(ValueError, match="--independent is not an option of --layer s4d; "

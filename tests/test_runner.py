@@ -47,7 +47,7 @@ def test_a_half_precision_run_is_what_its_checkpoint_holds(tmp_path):
     the recorded metrics are those of the model loaded from it (which rounding
     moved from the float32 weights' last evaluation)."""
     out = tmp_path / "half"
-    result = runner.run(_args(["--steps", "3", "--checkpoint-dtype", "float16",
+    result = runner.run(_args(["--steps", "2", "--checkpoint-dtype", "float16",
                                "--out", str(out)]), log=None)
     with np.load(out / "checkpoint.npz", allow_pickle=False) as f:
         dtypes = {str(f[k].dtype) for k in f.files if k.startswith("leaf_")}

@@ -90,7 +90,7 @@ def _run_on(n):
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
     env["JAX_PLATFORMS"] = "cpu"
     out = subprocess.run(
-        [sys.executable, "-c", _PARALLEL.format(n=n), *TINY, "--steps", "5"],
+        [sys.executable, "-c", _PARALLEL.format(n=n), *TINY, "--steps", "2"],
         env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -98,9 +98,12 @@ def _run_on(n):
 
 def test_data_parallel_matches_single_device():
     """The 4-device run needs its own process (the device count is fixed when
-    JAX starts); the 1-device run is this process's CPU device."""
+    JAX starts); the 1-device run is this process's CPU device, run first (the
+    other process then finds its initialisers in the compilation cache). Two
+    steps: the second step's loss is that of the first step's all-reduced update
+    (two steps are the TINY run of other tests, compiled once)."""
+    one = runner.run(_args(["--steps", "2"]), log=None, devices=jax.devices("cpu")[:1])
     four = _run_on(4)
-    one = runner.run(_args(["--steps", "5"]), log=None, devices=jax.devices("cpu")[:1])
     assert one["devices"] == 1 and four["devices"] == 4 and four["shards"] == 4
     np.testing.assert_allclose(four["loss"], one["history"]["train_loss"],
                                rtol=1e-5, atol=1e-5)
@@ -120,15 +123,18 @@ def test_ssm_params_get_their_own_rate_and_no_decay():
     assert np.abs(seq.log_step[...] - before["log_step"]).max() < 2e-4
     assert np.abs(seq.C[...] - before["C"]).max() > 1e-2
     # No gradient, no decay: with weight decay, only the non-SSM parameters shrink.
+    # (The updates are compiled as one program each, as in a train step: eagerly,
+    # each of their many small operations would be compiled on its own.)
+    update = nnx.jit(lambda opt, model, grads: opt.update(model, grads))
     opt = train.make_optimizer(model, lr=1e-1, weight_decay=1.0, steps=10, ssm_lr=1e-1)
     before = np.array(seq.log_step[...])
     grads = jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
-    opt.update(model, grads)
+    update(opt, model, grads)
     np.testing.assert_array_equal(seq.log_step[...], before)
     # With ssm_weight_decay, the same zero-gradient step shrinks them by lr * decay.
     opt = train.make_optimizer(model, lr=1e-1, weight_decay=0.0, steps=10, ssm_lr=1e-1,
                                ssm_weight_decay=0.5)
-    opt.update(model, grads)
+    update(opt, model, grads)
     np.testing.assert_allclose(seq.log_step[...], before * (1 - 1e-1 * 0.5), rtol=1e-6)
     with pytest.raises(ValueError, match="--ssm-weight-decay"):
         runner.run(_args(["--steps", "1", "--ssm-lr", "0", "--ssm-weight-decay", "0.1"]),
