@@ -45,7 +45,7 @@ from .config import EXTRA_KEYS, RunConfig
 from .registry import (build_model, build_optimizer, count_params, load_dataset, resolve,
                        test_metrics)
 from .models import eval_mode
-from .train import evaluate, fit, make_mesh, seconds_per_step
+from .train import evaluate, fill_batch, fit, make_mesh, seconds_per_step
 
 __all__ = ["run", "config_of", "read_config", "read_run", "load_run", "evaluate_run",
            "UNIT_ROUNDOFF", "ROUNDING_UNITS", "SIGMAS", "RECORDED_BATCH", "rounding_bound",
@@ -262,11 +262,6 @@ def _batch_statistics(model, x, y):
     return item_statistics(model(x), x if y is None else y)
 
 
-def _fill(a, size):
-    """a with its first item repeated until it holds `size` items."""
-    return np.concatenate([a, np.repeat(a[:1], size - len(a), axis=0)])
-
-
 def measure_items(model, x, y=None, batch_size=RECORDED_BATCH):
     """`item_statistics` of `model` on every item of x, y (y None for next-step
     models), in eval mode, in batches: numpy arrays. A last, shorter batch is
@@ -277,8 +272,8 @@ def measure_items(model, x, y=None, batch_size=RECORDED_BATCH):
     with eval_mode(model):
         for i in range(0, len(x), size):
             n = len(x[i:i + size])
-            stats = _batch_statistics(model, jnp.asarray(_fill(x[i:i + size], size)),
-                                      None if y is None else jnp.asarray(_fill(y[i:i + size], size)))
+            stats = _batch_statistics(model, jnp.asarray(fill_batch(x[i:i + size], size)),
+                                      None if y is None else jnp.asarray(fill_batch(y[i:i + size], size)))
             parts.append({k: v[:n] for k, v in jax.device_get(stats).items()})
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 

@@ -25,22 +25,29 @@ from .layers import SSMParam
 from .models import eval_mode
 
 __all__ = [
-    "loss_fn", "lr_schedule", "make_optimizer", "train_step", "evaluate",
+    "item_losses", "loss_fn", "fill_batch", "lr_schedule", "make_optimizer", "train_step", "evaluate",
     "make_mesh", "shard_batch", "replicate", "batch_indices", "fit", "seconds_per_step",
 ]
 
 
-def loss_fn(model, x, y=None):
-    """Mean negative log-likelihood and accuracy.
+def item_losses(model, x, y=None):
+    """Per item, the negative log-likelihood of its target and whether the
+    most likely class is the target (1.0 or 0.0).
 
-    With y (classification): NLL of the labels y (batch,). Without y (next-step
-    prediction on integer tokens x (batch, L)): NLL per token, in nats.
+    With y (classification): one item per sequence, its label y (batch,).
+    Without y (next-step prediction on integer tokens x (batch, L)): one item
+    per token, in nats.
     """
     logp = model(x)
     target = x if y is None else y
     nll = -jnp.take_along_axis(logp, target[..., None], axis=-1)[..., 0]
-    acc = (logp.argmax(-1) == target).astype(jnp.float32)
-    return nll.mean(), acc.mean()
+    return nll, (logp.argmax(-1) == target).astype(jnp.float32)
+
+
+def loss_fn(model, x, y=None):
+    """Mean negative log-likelihood and accuracy over the items (`item_losses`)."""
+    nll, right = item_losses(model, x, y)
+    return nll.mean(), right.mean()
 
 
 def _param_groups(model):
@@ -96,9 +103,18 @@ def train_step(model, optimizer, x, y):
     return loss, acc
 
 
+def fill_batch(a, size):
+    """a with its first item repeated until it holds `size` items: a last,
+    shorter batch filled up, so that one compiled program takes every batch."""
+    return np.concatenate([a, np.repeat(a[:1], size - len(a), axis=0)])
+
+
 @nnx.jit
-def _eval_batch(model, x, y):
-    return loss_fn(model, x, y)
+def _eval_sums(model, x, y, n):
+    """The sums of `item_losses` over the first n items of the batch."""
+    nll, right = item_losses(model, x, y)
+    valid = (jnp.arange(x.shape[0]) < n).reshape((-1,) + (1,) * (nll.ndim - 1))
+    return jnp.where(valid, nll, 0.0).sum(), jnp.where(valid, right, 0.0).sum()
 
 
 def evaluate(model, x, y=None, batch_size=256, mesh=None):
@@ -108,11 +124,14 @@ def evaluate(model, x, y=None, batch_size=256, mesh=None):
     come from here, and its re-evaluation, `runner.remeasure`, uses the same
     precision).
 
-    With a `mesh`, each evaluation batch is split over its devices like a
-    training batch, so that each device evaluates its share; a last batch
-    whose size the devices do not divide is replicated instead.
+    Every batch has the same size (a last, shorter one is filled up with
+    `fill_batch` and only its own items counted), so that one program, compiled
+    once, evaluates the split. With a `mesh`, each batch is split over its
+    devices like a training batch, so that each device evaluates its share; a
+    batch size the devices do not divide is replicated instead.
     """
     n = len(x)
+    size = min(batch_size, n)   # every batch this size: one program (`fill_batch`)
     totals = np.zeros(2)
 
     def put(a):
@@ -123,12 +142,13 @@ def evaluate(model, x, y=None, batch_size=256, mesh=None):
         return jax.device_put(a, NamedSharding(mesh, PartitionSpec()))
 
     with eval_mode(model), jax.default_matmul_precision("float32"):
-        for start in range(0, n, batch_size):
-            xb = put(x[start:start + batch_size])
-            yb = None if y is None else put(y[start:start + batch_size])
-            loss, acc = _eval_batch(model, xb, yb)
-            totals += np.array([float(loss), float(acc)]) * len(xb)
-    return {"loss": totals[0] / n, "accuracy": totals[1] / n}
+        for start in range(0, n, size):
+            m = len(x[start:start + size])
+            xb = put(fill_batch(x[start:start + size], size))
+            yb = None if y is None else put(fill_batch(y[start:start + size], size))
+            totals += np.array([float(s) for s in _eval_sums(model, xb, yb, m)])
+    items = n * (int(np.prod(np.shape(x)[1:])) if y is None else 1)   # tokens, or sequences
+    return {"loss": totals[0] / items, "accuracy": totals[1] / items}
 
 
 # ---------------------------------------------------------------------------
