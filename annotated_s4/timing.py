@@ -22,7 +22,7 @@ from . import _checks as checks
 from .hippo import make_DPLR_HiPPO
 from .layers import S4Layer
 from .s4 import K_gen_inverse, conv_from_gen, hippo_ssm, kernel_DPLR
-from .ssm import K_conv, causal_convolution, discretize, random_SSM, run_SSM
+from .ssm import K_conv, causal_convolution, discretize, random_SSM, scan_SSM
 
 __all__ = ["time_fn", "peak_bytes", "training_peak_bytes", "convolution_timings",
            "layer_scaling", "crossover", "KERNELS", "kernel_fns", "layer_kernel_fn",
@@ -138,33 +138,36 @@ def convolution_timings(lengths, N=64, repeats=5, seed=3):
     A random SSM made stable (A - N I), so outputs stay finite at every
     length. For each L: median seconds of the zero-padded FFT convolution
     with the kernel K, of the direct causal sum, and of the recurrence by
-    `jax.lax.scan`, all jitted (chapter 3 and benchmarks/bench_convolution.py).
+    `jax.lax.scan` (`scan_SSM`) on the discretized matrices, all jitted, each
+    from what it is given (K, or Ab, Bb, Cb), none building it
+    (benchmarks/bench_convolution.py runs the full sweep).
     The FFT and scan outputs are checked to agree, relative to the output's size.
     Returns a list of dicts with keys L, fft_s, direct_s, scan_s, and the work
     of each, XLA's count of floating-point operations (`op_count`): fft_flops,
-    direct_flops, scan_flops (for the scan, L times the count of one step).
+    direct_flops, scan_flops (for the scan, L times the count of one step:
+    XLA counts a loop's body once).
     """
     A, B, C = random_SSM(jax.random.PRNGKey(seed), N)
     A = A - N * jnp.eye(N)
     fft = jax.jit(lambda u, K: causal_convolution(u, K))
     direct = jax.jit(lambda u, K: causal_convolution(u, K, nofft=True))
-    scan = jax.jit(lambda u: run_SSM(A, B, C, u)[:, 0])
-    # run_SSM discretizes, then scans: one step is its count less the discretization's
-    one_step = op_count(scan, jnp.zeros(1))["flops"] - op_count(
-        lambda: discretize(A, B, C, step=1.0))["flops"]
+    # the scan, like the FFT on a given K, starts from given matrices (Ab, Bb, Cb)
+    scan = jax.jit(lambda Ab, Bb, Cb, u: scan_SSM(Ab, Bb, Cb, u[:, None], jnp.zeros(N))[1][:, 0])
+    one_step = op_count(scan, *discretize(A, B, C, step=1.0), jnp.zeros(1))["flops"]
     rows = []
     for L in lengths:
         u = jax.random.normal(jax.random.PRNGKey(seed + 1), (L,))
         # the check is float32's: in TF32 (a GPU's default) the two differ by far more
         with jax.default_matmul_precision("float32"):
-            K = K_conv(*discretize(A, B, C, 1.0 / L), L)
-            y_fft, y_scan = fft(u, K), scan(u)
+            discrete = discretize(A, B, C, 1.0 / L)
+            K = K_conv(*discrete, L)
+            y_fft, y_scan = fft(u, K), scan(*discrete, u)
         if not jnp.allclose(y_fft, y_scan, atol=1e-4 * float(jnp.abs(y_scan).max())):
             raise RuntimeError(f"FFT convolution and scan disagree at L = {L}")
         rows.append({"L": L,
                      "fft_s": time_fn(fft, u, K, repeats=repeats),
                      "direct_s": time_fn(direct, u, K, repeats=repeats),
-                     "scan_s": time_fn(scan, u, repeats=repeats),
+                     "scan_s": time_fn(scan, *discrete, u, repeats=repeats),
                      "fft_flops": op_count(fft, u, K)["flops"],
                      "direct_flops": op_count(direct, u, K)["flops"],
                      "scan_flops": L * one_step})
