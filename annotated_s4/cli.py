@@ -7,8 +7,7 @@
 
 (`annotated-s4`, the console script, is the same command.) `train` takes the
 options of `annotated_s4.config.RunConfig` and those of the layer that
---layer names (its registered options class); `python -m annotated_s4.cli`
-with those options and no subcommand still means `train`.
+--layer names (its registered options class).
 """
 
 from __future__ import annotations
@@ -127,8 +126,3 @@ def main(argv=None):
         return COMMANDS[args.command](*((args, rest) if args.command == "train" else (args,)))
     except _ERRORS as e:
         raise SystemExit(f"error: {e}")
-
-
-if __name__ == "__main__":  # the old spelling: options without a subcommand mean train
-    argv = sys.argv[1:]
-    main(argv if argv[:1] and argv[0] in COMMANDS else ["train", *argv])

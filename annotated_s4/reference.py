@@ -25,7 +25,6 @@ checks each against the SHA-256 that the package's manifest
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -34,19 +33,18 @@ import time
 import jax
 import numpy as np
 
-from .checkpoint import RUN_FILES, read_run
-from .registry import build_model, build_optimizer, load_dataset, parse
+from .checkpoint import RUN_FILES
+from .registry import parse
 from .runner import (UNIT_ROUNDOFF, compare, evaluate_run, item_statistics, load_run,
-                     measure_items, read_config, run)
-from .train import evaluate, fit
+                     measure_items, run)
+from .train import evaluate
 
 __all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS", "MNIST_SEEDS", "CHARLM_SEEDS",
            "OPTIM_SEEDS", "OPTIM_SETTINGS", "MANIFEST", "RAW_URL",
            "COMPLETION_CLASSIFIERS", "run_dir", "command", "available", "manifest",
            "write_manifest", "locate", "complete_digits", "completion_accuracy",
            "completions_on_a_boundary", "cross_run_metrics", "reevaluate", "compare", "train",
-           "check", "replay",
-           "add_arguments", "execute", "main"]
+           "check", "add_arguments", "execute"]
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "reference_runs")
@@ -354,7 +352,7 @@ def reevaluate(directory):
     return evaluate_run(directory, extra_metrics=cross_run_metrics)
 
 
-# --- Training, checking, replaying ----------------------------------------------
+# --- Training and checking ----------------------------------------------
 
 
 def train(names=(), root=None, log=print):
@@ -383,23 +381,6 @@ def check(names=(), root=None, log=print):
         if bad:
             failed[name] = bad
     return failed
-
-
-def replay(name, n_steps=20, root=None):
-    """The training losses of the first `n_steps` steps of run `name`, retrained
-    from its config.json (same initialisation, batches and schedule), beside
-    the losses its history.json recorded: (replayed, recorded)."""
-    directory = run_dir(name, root)
-    recorded = read_run(directory)
-    config = read_config(recorded["config"], directory)
-    data = load_dataset(config)
-    model = build_model(config, data)
-    # The optimiser's schedule spans the run's steps; fit stops after n_steps.
-    optimizer = build_optimizer(config, model)
-    history = fit(model, data["x_train"], data["y_train"], steps=n_steps,
-                  batch_size=config.batch_size, lr=config.lr, seed=config.seed, log=None,
-                  optimizer=optimizer)
-    return history["train_loss"], recorded["history"]["train_loss"][:n_steps]
 
 
 def add_arguments(parser):
@@ -431,14 +412,3 @@ def execute(args):
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
 
-
-def main(argv=None):
-    """`python -m annotated_s4.reference ...`, the same as `python -m annotated_s4
-    reference ...`."""
-    parser = argparse.ArgumentParser(prog="python -m annotated_s4 reference",
-                                     description=__doc__.split("\n\n")[0])
-    execute(add_arguments(parser).parse_args(argv))
-
-
-if __name__ == "__main__":
-    main()
