@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
-from .catalog import LayerOptions, option, register_layer
+from .catalog import LayerOptions, SSMParam, option, register_layer
 from .hippo import make_DPLR_HiPPO
 from .s4 import (discretize_diagonal, dplr_rnn, dplr_step, kernel_DPLR,
                  s4d_inv_init, s4d_lin_init, vandermonde)
@@ -42,12 +42,6 @@ def log_step_initializer(rng, shape, dt_min=0.001, dt_max=0.1):
     return jax.random.uniform(rng, shape) * (
         jnp.log(dt_max) - jnp.log(dt_min)
     ) + jnp.log(dt_min)
-
-
-class SSMParam(nnx.Param):
-    """A state-space parameter: the state matrix (A, or Lambda and P), the input
-    vector B, the log step. `train.make_optimizer` finds them by this type and
-    trains them at their own learning rate, without weight decay."""
 
 
 class SSMLayer(nnx.Module):

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
-from .catalog import option, register_layer
-from .layers import Linear, SSMOptions, SSMParam, log_step_initializer
+from .catalog import SSMParam, option, register_layer
+from .layers import Linear, SSMOptions, log_step_initializer
 from .selective import SCANS, selective_scan, selective_step
 
 __all__ = [

@@ -21,7 +21,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec
 
 from . import _checks as checks
-from .layers import SSMParam
+from .catalog import SSMParam
 from .models import eval_mode
 
 __all__ = [
@@ -52,7 +52,7 @@ def loss_fn(model, x, y=None):
 
 def _param_groups(model):
     """The optimiser's label function: 'ssm' for `model`'s state-space
-    parameters (the layers declare them `layers.SSMParam`), 'rest' for the
+    parameters (the layers declare them `catalog.SSMParam`), 'rest' for the
     others. Optax calls it on the parameters and on the updates, whose arrays
     no longer carry their variable's type, so it finds them by their path."""
     ssm = {tuple(path) for path, _ in nnx.to_flat_state(nnx.state(model, SSMParam))}
