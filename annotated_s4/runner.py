@@ -23,6 +23,7 @@ rounding does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import os
@@ -192,9 +193,7 @@ def evaluate_run(directory, extra_metrics=None):
     loaded `model` and the `data` it was trained and tested on (the
     registry's dataset dict). The metrics carry their "tolerance" (`compare`)."""
     model, data, run = load_run(directory)
-    items = held_out_items(directory, model, data)
-    metrics = metrics_of_items(items, data, terms=min(RECORDED_BATCH, len(data["x_test"]))
-                               * items["nll"][0].size)
+    metrics = metrics_of_items(held_out_items(directory, model, data), data)
     with jax.default_matmul_precision("float32"):
         if extra_metrics:
             extra = dict(extra_metrics(read_config(run["config"], directory), data, model))
@@ -287,10 +286,22 @@ EVAL_CACHE = "ANNOTATED_S4_EVAL_CACHE"
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
+@functools.cache
+def _source_digest():
+    """The SHA-256 of the package's source files (names and contents), read
+    once per process."""
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(_PACKAGE)):
+        if name.endswith(".py"):
+            with open(os.path.join(_PACKAGE, name), "rb") as f:
+                h.update(name.encode() + f.read())
+    return h.digest()
+
+
 def _evaluation_key(directory, data):
     """A digest of everything a run's test statistics depend on: its checkpoint
-    and config, the test set, the package's source, the library versions, the
-    device, and whether TF32 is emulated."""
+    and config, the test set, the package's source (`_source_digest`), the
+    library versions, the device, and whether TF32 is emulated."""
     import importlib.metadata as md
     h = hashlib.sha256()
     for name in (CHECKPOINT, "config.json"):
@@ -298,10 +309,7 @@ def _evaluation_key(directory, data):
             h.update(f.read())
     for a in (data["x_test"], data["y_test"]):
         h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
-    for name in sorted(os.listdir(_PACKAGE)):
-        if name.endswith(".py"):
-            with open(os.path.join(_PACKAGE, name), "rb") as f:
-                h.update(name.encode() + f.read())
+    h.update(_source_digest())
     device = jax.devices()[0]
     h.update(repr([md.version(p) for p in ("jax", "jaxlib", "flax", "numpy")]
                   + [device.platform, device.device_kind,
@@ -349,20 +357,23 @@ def remeasure(model, x, y, data, batch_size=RECORDED_BATCH):
     for next-step models), with the tolerance of each: the metrics' dict holds
     {"tolerance": {metric: largest difference from the recorded value that
     float32 rounding explains}} (`metrics_of_items`, derived above)."""
-    items = measure_items(model, x, y, batch_size)
-    return metrics_of_items(items, data, terms=min(batch_size, len(x)) * items["nll"][0].size)
+    return metrics_of_items(measure_items(model, x, y, batch_size), data, batch_size)
 
 
-def metrics_of_items(items, data, terms):
-    """Test metrics and their tolerances from `item_statistics` of every test item.
+def metrics_of_items(items, data, batch_size=RECORDED_BATCH):
+    """Test metrics and their tolerances from `item_statistics` of every test
+    item (an example, or a sequence of tokens), as a run recorded them: means
+    over batches of `batch_size` items (`train.evaluate`).
 
     test_loss: the mean of -log p_y (summed in float64), tolerance
     SIGMAS sqrt(sum delta^2) / n + (SIGMAS sqrt(terms) + 1) u x loss, `terms` the
-    number of terms of one recorded float32 mean; test_accuracy: tolerance
+    number of terms of one recorded float32 mean (min(batch_size, items) times
+    the targets per item); test_accuracy: tolerance
     (items on a boundary) / n + u (the recorded float32 mean of 0s and 1s is
     exact but for its division); bits per token: the loss's, / log 2.
     """
     nll = np.asarray(items["nll"], np.float64)
+    terms = min(batch_size, len(nll)) * nll[0].size
     loss = float(nll.mean())
     metrics = test_metrics({"loss": loss, "accuracy": float(np.mean(items["right"]))}, data)
     delta = np.asarray(items["delta"], np.float64)
