@@ -36,12 +36,12 @@ def _train(args, layer_args=()):
     """Train: `args` holds the common options, `layer_args` the rest of the
     command line, the options of the layer that --layer names."""
     config = from_namespace(args, parse_layer_options(args.layer, list(layer_args)))
-    result = run(resolve(config), extra_metrics=reference.cross_run_metrics)
+    result = run(resolve(config), cross_run=True)
     return {k: v for k, v in result.items() if k not in ("model", "history")}
 
 
 def _evaluate(args):
-    metrics, recorded = evaluate_run(args.run, extra_metrics=reference.cross_run_metrics)
+    metrics, recorded = evaluate_run(args.run, cross_run=True)
     print(json.dumps(metrics, indent=1))
     bad = reference.compare(recorded["metrics"], metrics, args.tolerance)
     if bad:

@@ -13,8 +13,8 @@ from math import comb
 
 import numpy as np
 
-from .reference import command, locate
 from .runner import compare, held_out_items, load_run, metrics_of_items
+from .runs import command, locate
 
 
 def reevaluate_classifier(name):
@@ -22,7 +22,7 @@ def reevaluate_classifier(name):
     matmul precision): the run (its config, history and recorded metrics), the
     recomputed metrics, and `right`, which examples it names correctly. Raises
     if the recomputed metrics differ from the recorded ones by more than
-    float32 rounding explains (`runner.compare`): the run must be re-made."""
+    float32 rounding explains (`measure.compare`): the run must be re-made."""
     directory = locate(name)
     model, data, run = load_run(directory)
     items = held_out_items(directory, model, data)

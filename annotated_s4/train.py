@@ -121,7 +121,7 @@ def evaluate(model, x, y=None, batch_size=256, mesh=None):
     """Mean loss and accuracy over a whole split, in eval mode (the model's
     mode is restored afterwards), at float32 matmul precision: a measurement,
     which a GPU's default TF32 products would blur (a run's recorded metrics
-    come from here, and its re-evaluation, `runner.remeasure`, uses the same
+    come from here, and its re-evaluation, `measure.remeasure`, uses the same
     precision).
 
     Every batch has the same size (a last, shorter one is filled up with

@@ -189,14 +189,14 @@ def test_completion_accuracy_keeps_the_top_half_and_scores_with_the_classifier()
 def test_cross_run_metrics_apply_to_the_digit_generator_only(monkeypatch):
     """Only a digits-gen run is scored by another run (the classifier named in
     COMPLETION_CLASSIFIERS); without that run at hand it gets no such metric."""
-    assert reference.cross_run_metrics(RunConfig(dataset="digits"), None, None) == {}
+    assert runner.cross_run_metrics(RunConfig(dataset="digits"), None, None) == {}
 
     def missing(name, *args, **kwargs):
         assert name == reference.COMPLETION_CLASSIFIERS["digits-gen"] == "digits784-s4"
         raise FileNotFoundError(name)
 
-    monkeypatch.setattr(reference, "locate", missing)
-    assert reference.cross_run_metrics(RunConfig(dataset="digits-gen"), None, None) == {}
+    monkeypatch.setattr(runner, "locate", missing)
+    assert runner.cross_run_metrics(RunConfig(dataset="digits-gen"), None, None) == {}
 
 
 def _run_with_a_weight_moved(tmp_path, name, relative):
