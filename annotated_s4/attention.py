@@ -1,4 +1,4 @@
-"""Causal softmax attention: the baseline that H3 is measured against (chapter 7).
+"""Causal softmax attention: the baseline that H3 is measured against.
 
 It follows the same layer contract as the SSM layers (see `models`): CNN mode
 computes all positions at once; RNN mode keeps a key-value cache.
@@ -307,7 +307,7 @@ def build_attention(options, L):
 
 
 register_layer("attention", AttentionOptions, build_attention,
-               help="causal softmax attention with rotary positions (chapter 7's baseline)")
+               help="causal softmax attention with rotary positions (H3's baseline)")
 
 
 @dataclasses.dataclass(frozen=True)

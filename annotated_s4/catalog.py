@@ -12,6 +12,11 @@ A layer module registers each of its layers right after defining it:
   the layer contract (`annotated_s4.models`) for sequences of length L, or a
   list of factories that the blocks use in turn.
 
+A layer also declares which of its parameters are state-space parameters
+(the state matrix, B, the step) by making them `SSMParam`s: training
+(`annotated_s4.train`) finds them by that type and gives them their own
+learning rate, without weight decay.
+
 `LAYERS` maps each name to its `LayerEntry`. The package imports every layer
 module (annotated_s4/__init__.py), so the catalogue is complete once the
 package is imported; a layer defined elsewhere registers itself the same way
@@ -23,8 +28,16 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-__all__ = ["LAYERS", "LayerEntry", "LayerOptions", "option", "register_layer",
+from flax import nnx
+
+__all__ = ["LAYERS", "LayerEntry", "LayerOptions", "SSMParam", "option", "register_layer",
            "unregister_layer", "flag", "option_type"]
+
+
+class SSMParam(nnx.Param):
+    """A state-space parameter: the state matrix (A, or Lambda and P), the input
+    vector B, the log step. `train.make_optimizer` finds them by this type and
+    trains them at their own learning rate, without weight decay."""
 
 
 def option(default, help, *, check=None, choices=None):

@@ -7,8 +7,7 @@
 
 (`annotated-s4`, the console script, is the same command.) `train` takes the
 options of `annotated_s4.config.RunConfig` and those of the layer that
---layer names (its registered options class); `python -m annotated_s4.cli`
-with those options and no subcommand still means `train`.
+--layer names (its registered options class).
 """
 
 from __future__ import annotations
@@ -37,12 +36,12 @@ def _train(args, layer_args=()):
     """Train: `args` holds the common options, `layer_args` the rest of the
     command line, the options of the layer that --layer names."""
     config = from_namespace(args, parse_layer_options(args.layer, list(layer_args)))
-    result = run(resolve(config), extra_metrics=reference.cross_run_metrics)
+    result = run(resolve(config), cross_run=True)
     return {k: v for k, v in result.items() if k not in ("model", "history")}
 
 
 def _evaluate(args):
-    metrics, recorded = evaluate_run(args.run, extra_metrics=reference.cross_run_metrics)
+    metrics, recorded = evaluate_run(args.run, cross_run=True)
     print(json.dumps(metrics, indent=1))
     bad = reference.compare(recorded["metrics"], metrics, args.tolerance)
     if bad:
@@ -127,8 +126,3 @@ def main(argv=None):
         return COMMANDS[args.command](*((args, rest) if args.command == "train" else (args,)))
     except _ERRORS as e:
         raise SystemExit(f"error: {e}")
-
-
-if __name__ == "__main__":  # the old spelling: options without a subcommand mean train
-    argv = sys.argv[1:]
-    main(argv if argv[:1] and argv[0] in COMMANDS else ["train", *argv])

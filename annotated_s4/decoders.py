@@ -1,4 +1,4 @@
-"""Decoding a causal convolution one token at a time, three ways (ETSC chapter).
+"""Decoding a causal convolution one token at a time, three ways.
 
 For y_i = sum_{j<=i} t_{i-j} x_j with d channels, three decoders share one
 functional interface:

@@ -1,4 +1,4 @@
-"""Comparing trained classifiers as small experiments (chapter 6).
+"""Comparing trained classifiers as small experiments.
 
 A reference run is scored again with its answer for every held-out example
 (`reevaluate_classifier`); two models that answered the same examples are
@@ -11,24 +11,10 @@ from __future__ import annotations
 
 from math import comb
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from .models import eval_mode
-from .reference import command, locate
-from .runner import RECORDED_BATCH, compare, held_out_items, load_run, metrics_of_items
-
-_forward = nnx.jit(lambda model, x: model(x))   # one compiled program per model and shape
-
-
-def log_probs(model, x, batch_size=250):
-    """A classifier's log-probabilities of its classes, (len(x), classes), for
-    each sequence of x, in eval mode (no dropout)."""
-    with eval_mode(model):
-        return np.concatenate([np.asarray(_forward(model, jnp.asarray(x[i:i + batch_size])))
-                               for i in range(0, len(x), batch_size)])
+from .runner import compare, held_out_items, load_run, metrics_of_items
+from .runs import command, locate
 
 
 def reevaluate_classifier(name):
@@ -36,11 +22,11 @@ def reevaluate_classifier(name):
     matmul precision): the run (its config, history and recorded metrics), the
     recomputed metrics, and `right`, which examples it names correctly. Raises
     if the recomputed metrics differ from the recorded ones by more than
-    float32 rounding explains (`runner.compare`): the run must be re-made."""
+    float32 rounding explains (`measure.compare`): the run must be re-made."""
     directory = locate(name)
     model, data, run = load_run(directory)
     items = held_out_items(directory, model, data)
-    metrics = metrics_of_items(items, data, terms=min(RECORDED_BATCH, len(data["y_test"])))
+    metrics = metrics_of_items(items, data)
     bad = compare(run["metrics"], metrics)
     if bad:
         differ = ", ".join(f"{k} {old} recorded, {new} now" for k, (old, new) in bad.items())

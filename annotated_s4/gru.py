@@ -1,5 +1,5 @@
 """A gated recurrent layer (GRU) under the layer contract of `models`: the
-kind of model S4 displaced on sequential MNIST, used as chapter 6's baseline.
+kind of model S4 displaced on sequential MNIST, and S4's baseline there.
 
 Unlike the SSM layers, its recurrence is nonlinear, so there is no kernel and
 no convolution: CNN mode is the RNN run over the sequence with `jax.lax.scan`
@@ -53,4 +53,4 @@ class GRULayer(nnx.Module):
 
 
 register_layer("gru", LayerOptions, lambda options, L: functools.partial(GRULayer, L=L),
-               help="a gated recurrent layer, chapter 6's baseline")
+               help="a gated recurrent layer, S4's baseline on sequential MNIST")

@@ -2,8 +2,8 @@
 
 H3 (Fu et al., 2023) is linear attention whose keys go through a *shift SSM*
 (a short learned filter, so a key can be paired with the value that follows
-it) and whose key-value memory is accumulated by a *diagonal SSM* (chapter
-5's `S4DLayer` with B = 1) instead of a plain running sum. Per head of
+it) and whose key-value memory is accumulated by a *diagonal SSM*
+(`S4DLayer` with B = 1) instead of a plain running sum. Per head of
 dimension d_h,
 
     O_t = Q_t SSM_diag(K_bar V^T)_t,    K_bar = SSM_shift(K),
@@ -339,4 +339,4 @@ def build_h3(options, L):
 
 
 register_layer("h3", H3Options, build_h3,
-               help="H3: shifted keys and a diagonal-SSM memory (chapter 7)")
+               help="H3: shifted keys and a diagonal-SSM memory")

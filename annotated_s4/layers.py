@@ -1,5 +1,5 @@
 """Flax NNX sequence layers built on the pure math of `ssm`, `hippo` and `s4`:
-the Part I SSM layer, S4 and S4D. Each follows the layer contract described
+the dense SSM layer, S4 and S4D. Each follows the layer contract described
 in `models` (CNN mode ``layer(u)``, RNN mode ``init_cache`` then ``step``).
 """
 
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
-from .catalog import LayerOptions, option, register_layer
+from .catalog import LayerOptions, SSMParam, option, register_layer
 from .hippo import make_DPLR_HiPPO
 from .s4 import (discretize_diagonal, dplr_rnn, dplr_step, kernel_DPLR,
                  s4d_inv_init, s4d_lin_init, vandermonde)
@@ -44,14 +44,8 @@ def log_step_initializer(rng, shape, dt_min=0.001, dt_max=0.1):
     ) + jnp.log(dt_min)
 
 
-class SSMParam(nnx.Param):
-    """A state-space parameter: the state matrix (A, or Lambda and P), the input
-    vector B, the log step. `train.make_optimizer` finds them by this type and
-    trains them at their own learning rate, without weight decay."""
-
-
 class SSMLayer(nnx.Module):
-    """H independent N-state SSMs with learned A, B, C, D and log step (Part I).
+    """H independent N-state SSMs with learned A, B, C, D and log step.
 
     A (H, N, N), B (H, N, 1) and C (H, 1, N) are H separate copies, each drawn
     with lecun_normal over its own (N, N), (N, 1), (1, N) shape (the channel
@@ -107,7 +101,7 @@ class SSMLayer(nnx.Module):
 
 @dataclasses.dataclass(frozen=True)
 class SSMOptions(LayerOptions):
-    """The options of the Part I SSM layer: the state size and the range of
+    """The options of the dense SSM layer: the state size and the range of
     the initial steps (S4's, S4D's and H3's options start from these)."""
 
     state_size: int = option(16, "N, the SSM state size", check=checks.positive_int)
@@ -127,11 +121,11 @@ class SSMOptions(LayerOptions):
 
 register_layer("ssm", SSMOptions,
                lambda o, L: functools.partial(SSMLayer, N=o.state_size, L=L, **o.steps()),
-               help="the Part I SSM: a dense learned A per channel, its kernel by powers of Ab")
+               help="the dense SSM: a learned A per channel, its kernel by powers of Ab")
 
 
 # --------------------------------------------------------------------------
-# S4 and S4D layers (Part II)
+# S4 and S4D layers
 # --------------------------------------------------------------------------
 def _from_pair(p):
     """A (..., 2) float parameter read as a complex array (real, imag): the
@@ -344,7 +338,7 @@ def _build_s4(o, L):
 
 
 register_layer("s4", S4Options, _build_s4,
-               help="S4: a DPLR state matrix, HiPPO-initialised (chapter 5)")
+               help="S4: a DPLR state matrix, HiPPO-initialised")
 
 
 class S4DLayer(nnx.Module):
@@ -355,7 +349,7 @@ class S4DLayer(nnx.Module):
     modes stand for N/2 conjugate pairs (a real state of size N), hence the 2.
     Lambda starts at S4D-Lin (init="lin") or S4D-Inv (init="inv"), B at 1,
     C ~ N(0, 1/2) per part; Lambda's real part is stored as its log-negative.
-    With learn_B=False, B stays 1 (H3's diagonal SSM in chapter 7). L, if
+    With learn_B=False, B stays 1 (H3's diagonal SSM). L, if
     given, is the longest input accepted. The kernel is `kernel_diagonal`'s
     Vandermonde product, computed blockwise by `vandermonde`.
     """
@@ -421,7 +415,7 @@ class S4DOptions(SSMOptions):
 register_layer("s4d", S4DOptions,
                lambda o, L: functools.partial(S4DLayer, N=o.state_size, L=L, init=o.init,
                                               **o.steps()),
-               help="S4D: a diagonal state matrix (chapter 5)")
+               help="S4D: a diagonal state matrix")
 
 
 # --------------------------------------------------------------------------
@@ -436,7 +430,7 @@ def scale_channels(c, x):
     axes along which c was broadcast, and for a batch of one that is the
     middle axis of a (1, L, H) array, which XLA's CPU backend (jaxlib 0.10,
     through YNNPACK) sums many times slower than the first axis of the same
-    numbers laid out as (L, H) (chapter 7b measures it).
+    numbers laid out as (L, H) (H3's long-sequence timings measure it).
     """
     return (x.reshape(-1, c.size) * c.reshape(-1)).reshape(x.shape)
 

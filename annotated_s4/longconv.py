@@ -1,4 +1,4 @@
-"""Long-convolution layers and the SSMs that ETSC makes of them (ETSC chapter).
+"""Long-convolution layers and the SSMs that ETSC makes of them.
 
 `ToeplitzLayer` learns its kernel explicitly (L lags per channel); `TNNLayer`
 and `SGConvLayer` generate theirs at any length. All three follow the layer
@@ -157,9 +157,9 @@ class SGConvLayer(_LongConvolution):
 
 
 register_layer("tnn", LayerOptions, lambda options, L: functools.partial(TNNLayer, L=L),
-               help="TNN: a kernel from a relative-position MLP and a decay (chapter 8)")
+               help="TNN: a kernel from a relative-position MLP and a decay")
 register_layer("sgconv", LayerOptions, lambda options, L: functools.partial(SGConvLayer, L=L),
-               help="SGConv: a kernel of upsampled, decaying sub-kernels (chapter 8)")
+               help="SGConv: a kernel of upsampled, decaying sub-kernels")
 
 
 class ETSCLayer(_LongConvolution):

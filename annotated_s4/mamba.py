@@ -1,4 +1,4 @@
-"""Part V: the Mamba block, the selective SSM (S6) inside its gated block.
+"""The Mamba block: the selective SSM (S6) inside its gated block.
 
 Gu and Dao (2023) wrap the selective scan of `selective` in one block that
 replaces both the SSM layer and the MLP of earlier models. With E = expand H
@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
-from .catalog import option, register_layer
-from .layers import Linear, SSMOptions, SSMParam, log_step_initializer
+from .catalog import SSMParam, option, register_layer
+from .layers import Linear, SSMOptions, log_step_initializer
 from .selective import SCANS, selective_scan, selective_step
 
 __all__ = [
@@ -212,4 +212,4 @@ def build_mamba(options, L):
 
 
 register_layer("mamba", MambaOptions, build_mamba,
-               help="Mamba: a selective SSM in a gated block with a short conv (Part V)")
+               help="Mamba: a selective SSM in a gated block with a short conv")

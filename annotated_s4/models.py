@@ -2,8 +2,7 @@
 and a wrapper that reads a next-token model at its last position.
 
 Every sequence layer in the package (`layers`, `h3`, `attention`, `gru`,
-`mamba` and the long convolutions of `toeplitz`) follows one contract, so these models
-serve them all:
+`longconv` and `mamba`) follows one contract, so these models serve them all:
 
 * ``layer(H, rngs=...)`` builds a layer for H feature channels (pass the other
   arguments with ``functools.partial``);

@@ -37,7 +37,7 @@ def ssm_states(Ab, Bb, u):
     """The states x_k = Ab x_{k-1} + Bb u_k, k = 0 .. T-1, from x_{-1} = 0.
 
     Unrolled, x_k = sum_{j <= k} h_j u_{k-j} with the impulse response
-    h_j = Ab^j Bb (chapter 3's convolution, one kernel per state coordinate):
+    h_j = Ab^j Bb (the SSM's convolution kernel, one per state coordinate):
     h is built by doubling, h_{m..2m-1} = Ab^m h_{0..m-1}, and convolved with
     u by FFT. Ab (..., N, N) and Bb (..., N), real or complex, for one SSM or
     a batch of them; u (T,) real, the input every SSM of the batch reads.

@@ -103,7 +103,7 @@ CHARLM_DEFAULTS = {"seq_len": 128, "n_train": 20000, "n_test": 512}
 
 
 def _recall(name):
-    """A synthetic recall task (chapter 7's two, chapter 6's delayed recall):
+    """A synthetic recall task (H3's two, and delayed recall):
     the label is the final token; the model reads the sequence causally and
     is scored there only."""
     def load(config):
@@ -206,9 +206,9 @@ DATASET_HELP = {
                    "sequences, split 4,000 / 1,000",
     "mnist-small-gen": "their next pixel (256 levels)",
     "mnist": "784-step sequential MNIST (needs a download)",
-    "induction-head": "the synthetic recall task of chapter 7, scored on the final position",
-    "associative-recall": "the other synthetic recall task of chapter 7",
-    "delayed-recall": "name the first token after seq-len - 1 others (chapter 6's memory "
+    "induction-head": "H3's induction-head recall task, scored on the final position",
+    "associative-recall": "H3's other synthetic recall task",
+    "delayed-recall": "name the first token after seq-len - 1 others (the memory "
                       "experiment)",
     "charlm": "characters of the Python documentation",
 }

@@ -1,4 +1,4 @@
-"""Part V: the selective state space model (Mamba's S6) and three ways to scan it.
+"""The selective state space model (Mamba's S6) and three ways to scan it.
 
 S4 and its diagonal relatives are time-invariant: the same (A, B, C, step)
 at every position, which is what lets them run as a convolution. Mamba makes

@@ -1,4 +1,4 @@
-"""Part V: Mamba-2's state space duality (SSD): one SSM, a scan and a matrix.
+"""Mamba-2's state space duality (SSD): one SSM, a scan and a matrix.
 
 Mamba-2 restricts S6's diagonal A to a scalar times the identity, one scalar
 per head. Head h of width P then runs, with a_t = Delta_t A_h <= 0 and

@@ -1,4 +1,4 @@
-"""Part I: the state space model, its discretization, and its two views.
+"""The state space model, its discretization, and its two views.
 
 A continuous SSM maps a 1-D input u(t) to an output y(t) through an
 N-dimensional state x(t):
@@ -68,7 +68,7 @@ def scan_SSM(Ab, Bb, Cb, u, x0):
     """Run the recurrence x_k = Ab x_{k-1} + Bb u_k, y_k = Cb x_k.
 
     u has shape (L, 1), the inputs u_0 .. u_{L-1}, and x0 shape (N,) is the state
-    before the first input (x_{-1} in chapter 3). Returns (x_{L-1}, y): the
+    before the first input (x_{-1} in the convolution's derivation). Returns (x_{L-1}, y): the
     last state and the outputs y_0 .. y_{L-1}, shape (L, 1).
     """
     Ab, Bb, Cb, u, x0 = checks.recurrence(Ab, Bb, Cb, u, x0)
@@ -149,7 +149,7 @@ def example_force(t):
     """A thresholded sine: sin(10 t) where it exceeds 0.5, zero elsewhere.
 
     The force switches on and off with a jump (from 0 to 0.5), which matters
-    for how fast the discretization converges (chapter 2).
+    for how fast the discretization converges.
     """
     x = jnp.sin(10 * t)
     return x * (x > 0.5)
@@ -218,7 +218,7 @@ def reference_solution(A, B, C, force, t, breaks=(), rtol=1e-11, atol=1e-13):
 
 
 # --------------------------------------------------------------------------
-# How long a discrete SSM remembers (chapter 6)
+# How long a discrete SSM remembers
 # --------------------------------------------------------------------------
 def memory_ratio(A, B, step, lengths):
     """How much of the first input the state still holds when the L-th arrives.

@@ -1,5 +1,5 @@
-"""Generated recall tasks: H3's induction head and associative recall
-(chapter 7), and delayed recall, the memory test of chapter 6.
+"""Generated recall tasks: H3's induction head and associative recall,
+and delayed recall, a test of how long a layer remembers.
 
 Every task is a batch of integer-token sequences whose last token is the
 answer: the model reads x, the first seq_len - 1 tokens, and must predict y,

@@ -266,9 +266,9 @@ def crossover(rows, key, *, fast="H3", slow="attention"):
 
 
 # --------------------------------------------------------------------------
-# The S4 kernel (chapter 5, benchmarks/bench_s4.py)
+# The S4 kernel (benchmarks/bench_s4.py)
 # --------------------------------------------------------------------------
-#: The kernel computations `kernel_scaling` knows, in the order of chapter 5.
+#: The kernel computations `kernel_scaling` knows, in the order S4 derives them.
 KERNELS = ("naive", "generating_function", "dplr", "dplr_H_channels")
 
 
@@ -351,7 +351,7 @@ def linearity(slope, tol=0.25):
 
 
 # --------------------------------------------------------------------------
-# Generation throughput in RNN mode (chapter 7, benchmarks/bench_h3.py)
+# Generation throughput in RNN mode (benchmarks/bench_h3.py)
 # --------------------------------------------------------------------------
 def _prefilled_decoder(model, prompt, n_new):
     """(decode, state, token): `model` (in RNN mode, cache initialised) fed

@@ -21,7 +21,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec
 
 from . import _checks as checks
-from .layers import SSMParam
+from .catalog import SSMParam
 from .models import eval_mode
 
 __all__ = [
@@ -52,7 +52,7 @@ def loss_fn(model, x, y=None):
 
 def _param_groups(model):
     """The optimiser's label function: 'ssm' for `model`'s state-space
-    parameters (the layers declare them `layers.SSMParam`), 'rest' for the
+    parameters (the layers declare them `catalog.SSMParam`), 'rest' for the
     others. Optax calls it on the parameters and on the updates, whose arrays
     no longer carry their variable's type, so it finds them by their path."""
     ssm = {tuple(path) for path, _ in nnx.to_flat_state(nnx.state(model, SSMParam))}
@@ -64,17 +64,17 @@ def _param_groups(model):
     return lambda params: jax.tree_util.tree_map_with_path(label, params)
 
 
-def lr_schedule(peak, steps, warmup=0):
-    """The learning rate at each step: a linear warm-up over `warmup` steps
-    (if any) to `peak`, then a cosine decay to 1% of `peak` at step `steps`."""
-    return optax.warmup_cosine_decay_schedule(
-        0.0 if warmup else peak, peak, max(warmup, 1), max(steps, warmup + 2), peak * 0.01)
+def lr_schedule(peak, steps):
+    """The learning rate at each step (counted from 0): `peak` at step 0, then
+    a cosine decay from `peak` at step 1 to 1% of `peak` at step `steps`
+    (optax's warm-up cosine schedule, its one warm-up step already at `peak`)."""
+    return optax.warmup_cosine_decay_schedule(peak, peak, 1, max(steps, 2), peak * 0.01)
 
 
-def make_optimizer(model, lr=1e-3, weight_decay=0.01, steps=1000, warmup=0, ssm_lr=None,
+def make_optimizer(model, lr=1e-3, weight_decay=0.01, steps=1000, ssm_lr=None,
                    ssm_weight_decay=0.0):
-    """AdamW with a cosine schedule (optional linear warm-up), gradients clipped
-    to global norm 1.
+    """AdamW with a cosine schedule (`lr_schedule`), gradients clipped to
+    global norm 1.
 
     With `ssm_lr`, the S4 paper's recipe: the state-space parameters
     (declared `SSMParam` by the layers) train at the learning rate `ssm_lr` with
@@ -84,7 +84,7 @@ def make_optimizer(model, lr=1e-3, weight_decay=0.01, steps=1000, warmup=0, ssm_
     1, whatever the data asks for.
     """
     def adamw(peak, decay):
-        return optax.adamw(lr_schedule(peak, steps, warmup), weight_decay=decay)
+        return optax.adamw(lr_schedule(peak, steps), weight_decay=decay)
 
     if ssm_lr is None:
         tx = adamw(lr, weight_decay)
@@ -121,7 +121,7 @@ def evaluate(model, x, y=None, batch_size=256, mesh=None):
     """Mean loss and accuracy over a whole split, in eval mode (the model's
     mode is restored afterwards), at float32 matmul precision: a measurement,
     which a GPU's default TF32 products would blur (a run's recorded metrics
-    come from here, and its re-evaluation, `runner.remeasure`, uses the same
+    come from here, and its re-evaluation, `measure.remeasure`, uses the same
     precision).
 
     Every batch has the same size (a last, shorter one is filled up with

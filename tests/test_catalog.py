@@ -15,8 +15,8 @@ from flax import nnx
 
 from annotated_s4 import _checks as checks
 from annotated_s4 import catalog, registry, runner
-from annotated_s4.catalog import LayerOptions, option, register_layer, unregister_layer
-from annotated_s4.layers import SSMParam
+from annotated_s4.catalog import (LayerOptions, SSMParam, option, register_layer,
+                                  unregister_layer)
 
 
 class ToyDiagonal(nnx.Module):

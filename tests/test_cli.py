@@ -138,12 +138,8 @@ def _python(*args):
     return out.stdout
 
 
-def test_the_command_its_old_spellings_and_the_console_script():
+def test_the_command_and_the_console_script():
     assert "{train,evaluate,sample,reference}" in _python("-m", "annotated_s4", "--help")
-    # python -m annotated_s4.cli OPTIONS means train; annotated_s4.reference is reference
-    assert "--dataset" in _python("-m", "annotated_s4.cli", "--help")
-    assert _python("-m", "annotated_s4.reference", "list").splitlines()[0] == \
-        reference.command(next(iter(reference.RUNS)))
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
     assert scripts == {"annotated-s4": "annotated_s4.cli:main"}

@@ -14,7 +14,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "annotated_s4"
 CHAIN = ["_checks", "precision", "ssm", "hippo", "s4", "probe", "toeplitz", "selective", "ssd",
          "decoders", "catalog", "layers", "h3", "attention",
          "gru", "longconv", "mamba", "models", "train", "sample", "checkpoint", "data", "tasks", "timing",
-         "plotting", "config", "registry", "runner", "reference", "evidence", "cli", "__main__"]
+         "plotting", "config", "registry", "runs", "measure", "completion", "runner", "reference",
+         "evidence", "cli", "__main__"]
 # The package's namespace re-exports the library, never the runner.
 LIBRARY_END = "models"
 

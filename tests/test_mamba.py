@@ -20,7 +20,7 @@ from flax import nnx
 
 from annotated_s4 import (MambaBlock, MambaOptions, StackedModel, causal_depthwise_conv,
                           inverse_softplus, mamba_param_count, registry)
-from annotated_s4.layers import SSMParam
+from annotated_s4.catalog import SSMParam
 from annotated_s4.sample import rnn_log_probs
 from annotated_s4.selective import SCANS
 

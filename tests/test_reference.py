@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4 import SSMLayer, StackedModel, reference
+from annotated_s4 import SSMLayer, StackedModel, reference, registry, runner, train
 from annotated_s4.config import RunConfig
 
 
@@ -81,10 +81,27 @@ def test_reference_run_reproduces_its_metrics(name):
                         f"is intended, run `make reference RUN={name}`")
 
 
+def _replay(name, n_steps):
+    """The training losses of the first `n_steps` steps of run `name`, retrained
+    from its config.json (same initialisation, batches and schedule), beside
+    the losses its history.json recorded: (replayed, recorded)."""
+    directory = reference.run_dir(name)
+    recorded = runner.read_run(directory)
+    config = runner.read_config(recorded["config"], directory)
+    data = registry.load_dataset(config)
+    model = registry.build_model(config, data)
+    # The optimiser's schedule spans the run's steps; fit stops after n_steps.
+    optimizer = registry.build_optimizer(config, model)
+    history = train.fit(model, data["x_train"], data["y_train"], steps=n_steps,
+                        batch_size=config.batch_size, lr=config.lr, seed=config.seed, log=None,
+                        optimizer=optimizer)
+    return history["train_loss"], recorded["history"]["train_loss"][:n_steps]
+
+
 def test_a_reference_run_is_replayed_from_its_config():
     """The first 20 steps retrained from config.json give the losses that
     history.json recorded: the checkpoint comes from this code."""
-    replayed, recorded = reference.replay("digits64-s4", n_steps=20)
+    replayed, recorded = _replay("digits64-s4", n_steps=20)
     assert len(replayed) == len(recorded) == 20
     np.testing.assert_allclose(replayed, recorded, rtol=1e-5, atol=1e-5)
 
@@ -172,14 +189,14 @@ def test_completion_accuracy_keeps_the_top_half_and_scores_with_the_classifier()
 def test_cross_run_metrics_apply_to_the_digit_generator_only(monkeypatch):
     """Only a digits-gen run is scored by another run (the classifier named in
     COMPLETION_CLASSIFIERS); without that run at hand it gets no such metric."""
-    assert reference.cross_run_metrics(RunConfig(dataset="digits"), None, None) == {}
+    assert runner.cross_run_metrics(RunConfig(dataset="digits"), None, None) == {}
 
     def missing(name, *args, **kwargs):
         assert name == reference.COMPLETION_CLASSIFIERS["digits-gen"] == "digits784-s4"
         raise FileNotFoundError(name)
 
-    monkeypatch.setattr(reference, "locate", missing)
-    assert reference.cross_run_metrics(RunConfig(dataset="digits-gen"), None, None) == {}
+    monkeypatch.setattr(runner, "locate", missing)
+    assert runner.cross_run_metrics(RunConfig(dataset="digits-gen"), None, None) == {}
 
 
 def _run_with_a_weight_moved(tmp_path, name, relative):

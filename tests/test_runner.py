@@ -110,7 +110,7 @@ def test_bad_arguments_raise():
 def _metrics(logp, y, data={"y_train": np.zeros(1)}):
     """Test metrics with their tolerances, from log-probabilities (n, classes)."""
     stats = {k: np.asarray(v) for k, v in runner.item_statistics(logp, y).items()}
-    return runner.metrics_of_items(stats, data, terms=256)
+    return runner.metrics_of_items(stats, data)   # recorded in batches of 256 of the 400
 
 
 def test_re_evaluation_under_a_perturbed_prediction_passes_and_a_real_change_fails():
@@ -158,15 +158,23 @@ def test_a_float32_evaluation_stays_within_its_rounding_bound():
     within ROUNDING_UNITS units of roundoff (times max(1, max |log p|)) of the
     exact ones, here a float64 evaluation of the same weights of a reference
     run (the 8 x 8 digit classifier: 24 units measured)."""
-    from annotated_s4 import evidence, reference
+    from annotated_s4 import reference
+
+    def log_probs(model, x, classes):
+        """Every class's log-probability, (len(x), classes), measured as the
+        re-evaluations measure (`runner.measure_items`): -log p_c is the loss of
+        the target c."""
+        return np.stack([-runner.measure_items(model, x, np.full(len(x), c, np.int32))["nll"]
+                         for c in range(classes)], axis=-1)
 
     directory = reference.locate("digits64-s4")
     model, data, _ = runner.load_run(directory)
-    logp32 = evidence.log_probs(model, data["x_test"])
+    logp32 = log_probs(model, data["x_test"], data["d_output"])
+    assert logp32.dtype == np.float32
     jax.config.update("jax_enable_x64", True)
     try:
         model64, _, _ = runner.load_run(directory)   # the same float32 weights
-        logp64 = evidence.log_probs(model64, data["x_test"].astype(np.float64))
+        logp64 = log_probs(model64, data["x_test"].astype(np.float64), data["d_output"])
         assert logp64.dtype == np.float64                # computed in float64
     finally:
         jax.config.update("jax_enable_x64", False)

@@ -17,7 +17,7 @@ from flax import nnx
 
 from annotated_s4 import registry, runner, train
 from annotated_s4 import S4DLayer, SSMLayer, StackedModel
-from annotated_s4.layers import SSMParam
+from annotated_s4.catalog import SSMParam
 from annotated_s4.longconv import ToeplitzLayer
 
 TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model", "8",
@@ -156,7 +156,7 @@ def _layer_cases():
 @pytest.mark.parametrize("name", sorted(_layer_cases()))
 def test_optimizer_groups_are_the_state_space_parameters(name):
     """The 'ssm' group holds exactly the parameters that the layers declare
-    `layers.SSMParam`, the 'rest' group every other one; and a layer that
+    `catalog.SSMParam`, the 'rest' group every other one; and a layer that
     draws SSM steps (its options have --dt-min) has state-space parameters."""
     layer, draws_steps = _layer_cases()[name]
     model = StackedModel(layer, 5, 8, 2, rngs=nnx.Rngs(0), vocab_size=5, classification=False)
