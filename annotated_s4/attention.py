@@ -317,4 +317,4 @@ class HybridOptions(AttentionOptions, H3Options):
 
 register_layer("hybrid", HybridOptions,
                lambda options, L: [build_h3(options, L), build_attention(options, L)],
-               help="H3 and attention in alternate blocks, the H3 paper's hybrid")
+               help="H3 and attention in alternate blocks (not the H3 paper's hybrid, 2 of 12)")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from math import comb
 
+import jax
 import numpy as np
 
-from .runner import compare, held_out_items, load_run, metrics_of_items
+from .runner import compare, held_out_items, load_run, measure_items, metrics_of_items
 from .runs import command, locate
 
 
@@ -126,3 +127,45 @@ def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA, n_boot=10_00
     return {"difference": float(a.mean() - b.mean()), "low": float(low), "high": float(high),
             "level": level, "seeds": (len(a), len(b)), "items": items,
             "established": bool(low > 0 or high < 0)}
+
+
+# --- Language models: per-window scores for `compare_arms` ------------------------
+
+def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_windows=512):
+    """Next-step reference run `name` (a character language model) scored again
+    on its held-out windows, at float32 matmul precision, as `compare_arms`
+    needs it: the run (config, history, recorded metrics, the loaded `model`),
+    the recomputed metrics, `window_bits` (n_test,), each held-out window's mean
+    loss in bits per token, and `train_bits`, the mean loss in bits per token
+    on its first `train_windows` training windows in eval mode (no dropout), to
+    set beside the held-out loss. Raises ValueError if the recomputed metrics
+    differ from the recorded ones by more than float32 rounding explains
+    (naming the command that re-makes the run), or if the run's seed or corpus
+    is not `seed` / `corpus_sha256` (when given)."""
+    if not (isinstance(train_windows, int) and train_windows >= 1):
+        raise ValueError(f"train_windows must be a positive int, got {train_windows!r}")
+    directory = locate(name)
+    model, data, run = load_run(directory)
+    if data["y_test"] is not None:
+        raise ValueError(f"{name} is not a next-step model (it has labels): "
+                         f"use reevaluate_classifier")
+    config = run["config"]
+    if seed is not None and config["seed"] != seed:
+        raise ValueError(f"{name} was trained with seed {config['seed']}, not {seed}")
+    if corpus_sha256 is not None and config.get("corpus_sha256") != corpus_sha256:
+        raise ValueError(f"{name} was trained on another corpus "
+                         f"(sha256 {config.get('corpus_sha256')}, not {corpus_sha256})")
+    items = held_out_items(directory, model, data)
+    nll = np.asarray(items["nll"], np.float64)                      # (windows, tokens)
+    metrics = metrics_of_items(items, data)
+    bad = compare(run["metrics"], metrics)
+    if bad:
+        differ = ", ".join(f"{k} {old} recorded, {new} now" for k, (old, new) in bad.items())
+        raise ValueError(f"{name}: the code no longer reproduces its recorded metrics "
+                         f"({differ}); re-make it with `make reference RUN={name}`, "
+                         f"that is `{command(name)}`")
+    with jax.default_matmul_precision("float32"):
+        train = measure_items(model, data["x_train"][:train_windows])
+    bits = 1 / np.log(2)
+    return {**run, "model": model, "recomputed": metrics, "window_bits": nll.mean(1) * bits,
+            "train_bits": float(np.asarray(train["nll"], np.float64).mean() * bits)}

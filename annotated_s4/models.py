@@ -81,7 +81,8 @@ class StackedModel(nnx.Module):
 
     `layer` is a layer factory ``layer(d_model, rngs=...)``, or a list of
     them used in turn: ``[h3, attention]`` builds H3 in layers 0, 2, ... and
-    attention in layers 1, 3, ... (the H3 paper's hybrid).
+    attention in layers 1, 3, ... (alternating H3 and attention; the H3 paper's
+    hybrid keeps only two attention layers among twelve).
 
     * ``classification=True``: inputs (batch, L, d_input) floats (or (batch, L)
       tokens), outputs log-probabilities (batch, d_output) after mean pooling.

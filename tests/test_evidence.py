@@ -146,3 +146,44 @@ def test_compare_arms_keeps_its_error_rate_when_nothing_differs():
 def test_compare_arms_refuses_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         evidence.compare_arms(**kwargs)
+
+
+# --- language models: per-window scores ---------------------------------------------
+
+def test_a_reference_language_model_is_scored_again_window_by_window():
+    """The windows' mean losses average to the recorded bits per character, and
+    the model fits training windows better than held-out ones (eval mode)."""
+    scored = evidence.reevaluate_language_model("tnn-charlm", seed=0, train_windows=16)
+    bits = scored["window_bits"]
+    assert bits.ndim == 1 and bits.size == 512          # the held-out windows
+    assert bits.mean() == pytest.approx(scored["metrics"]["test_bits_per_char"], abs=1e-4)
+    assert 0 < scored["train_bits"] < 8
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"seed": 1}, "seed 0, not 1"),
+    ({"corpus_sha256": "0" * 64}, "another corpus"),
+    ({"train_windows": 0}, "train_windows"),
+])
+def test_reevaluate_language_model_refuses_a_run_that_is_not_the_one_asked(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        evidence.reevaluate_language_model("tnn-charlm", **kwargs)
+
+
+def test_reevaluate_language_model_refuses_a_classifier():
+    with pytest.raises(ValueError, match="not a next-step model"):
+        evidence.reevaluate_language_model("digits64-s4")
+
+
+def test_a_language_model_the_code_no_longer_reproduces_is_named(monkeypatch):
+    real_load = evidence.load_run
+
+    def drifted(directory):
+        model, data, run = real_load(directory)
+        run["metrics"] = {**run["metrics"], "test_loss": 0.5}
+        return model, data, run
+
+    monkeypatch.setattr(evidence, "load_run", drifted)
+    with pytest.raises(ValueError, match=r"tnn-charlm: the code no longer reproduces.*"
+                                         r"make reference RUN=tnn-charlm"):
+        evidence.reevaluate_language_model("tnn-charlm")
