@@ -38,7 +38,8 @@ notebooks: $(STAMP)
 
 # Unit tests and every chapter re-executed by nbval, spread over TEST_WORKERS
 # processes (pytest-xdist; a notebook's cells stay together, in order); fails
-# if a generated notebook is stale. Each process allocates GPU memory as it
+# if a generated notebook is stale. Every test's and cell's time is written to
+# _build/test-times.xml (JUnit XML), the slowest 15 to the terminal. Each process allocates GPU memory as it
 # needs it, so that several can share one GPU.
 TEST_WORKERS ?= 2
 
@@ -61,7 +62,7 @@ test: $(STAMP) browser-tools
 	rm -rf _build/eval_cache
 	$(JAX_CACHE) $(EVAL_CACHE) XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 \
-		--durations=15 $(wildcard book/*.ipynb) tests
+		--durations=15 --junitxml=_build/test-times.xml $(wildcard book/*.ipynb) tests
 
 # `make test` as an NVIDIA GPU of compute capability >= 8.0 would run it, on any
 # machine: float32 matrix products round their operands to TensorFloat-32, as JAX
