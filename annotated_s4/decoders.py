@@ -101,8 +101,9 @@ class CacheDecoder(_InputBuffer):
 
 
 class SSMDecoder(_Decoder):
-    """SSM recurrence: x_k <- lambd_k x_k + b_k u, y = Re sum_k x_k: O(h d) per
-    token and O(h d) memory, whatever the position in the sequence.
+    """SSM recurrence: s_k <- lambd_k s_k + b_k x_i, y_i = Re sum_k s_k (s the
+    state, x_i the input at position i): O(h d) per token and O(h d) memory,
+    whatever the position in the sequence.
 
     Built from (lambd, b), e.g. ``etsc(t)`` (full, half-state or decayed). With
     ``exact_phase=False`` the state is the literal recurrence above; in float32
@@ -110,8 +111,8 @@ class SSMDecoder(_Decoder):
     compounds into lambd_k^i.
 
     With ``exact_phase=True`` (the default, for lambd on an ETSC grid
-    gamma * omega^k) the state is kept in the rotating frame z_k = omega^{-ik} x_k,
-    which obeys z_k <- gamma z_k + b_k omega^{-ik} u_i, and
+    gamma * omega^k) the state is kept in the rotating frame z_k = omega^{-ik} s_k,
+    which obeys z_k <- gamma z_k + b_k omega^{-ik} x_i, and
     y_i = Re sum_k omega^{ik} z_k. The powers omega^{+-ik} are looked up from a
     table of the N roots of unity at the integer index p_k = ik mod N, carried
     in the state and advanced by p_k <- (p_k + k) mod N. No power of a rounded
