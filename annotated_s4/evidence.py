@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from math import comb
 
-import jax
 import numpy as np
 
-from .runner import compare, held_out_items, load_run, measure_items, metrics_of_items
+from .runner import compare, held_out_items, kept_items, load_run, metrics_of_items
 from .runs import command, locate
 
 
@@ -164,8 +163,7 @@ def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_wind
         raise ValueError(f"{name}: the code no longer reproduces its recorded metrics "
                          f"({differ}); re-make it with `make reference RUN={name}`, "
                          f"that is `{command(name)}`")
-    with jax.default_matmul_precision("float32"):
-        train = measure_items(model, data["x_train"][:train_windows])
+    train = kept_items(directory, model, data["x_train"][:train_windows])
     bits = 1 / np.log(2)
     return {**run, "model": model, "recomputed": metrics, "window_bits": nll.mean(1) * bits,
             "train_bits": float(np.asarray(train["nll"], np.float64).mean() * bits)}

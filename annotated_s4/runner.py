@@ -49,7 +49,7 @@ from .train import evaluate, fit, make_mesh, seconds_per_step
 
 # The names of `measure` are given here too: a run's re-evaluation is measured there.
 __all__ = ["run", "config_of", "read_config", "read_run", "load_run", "evaluate_run",
-           "cross_run_metrics", "held_out_items",
+           "cross_run_metrics", "held_out_items", "kept_items",
            "UNIT_ROUNDOFF", "ROUNDING_UNITS", "SIGMAS", "RECORDED_BATCH", "rounding_bound",
            "item_statistics", "measure_items", "remeasure", "metrics_of_items", "compare"]
 
@@ -221,7 +221,7 @@ def cross_run_metrics(config, data, model):
 
 
 # --- Re-evaluations kept for the rest of a test run -------------------------------------
-#: The environment variable naming a folder where `held_out_items` keeps what it
+#: The environment variable naming a folder where `kept_items` keeps what it
 #: measured. `make test` empties it, then sets it for its chapters, so that every
 #: run is re-evaluated once per `make test` (the sequential-MNIST pages score the
 #: same runs); `make book` then reads those results. Unset (the default): nothing is kept.
@@ -241,16 +241,16 @@ def _source_digest():
     return h.digest()
 
 
-def _evaluation_key(directory, data):
-    """A digest of everything a run's test statistics depend on: its checkpoint
-    and config, the test set, the package's source (`_source_digest`), the
-    library versions, the device, and whether TF32 is emulated."""
+def _evaluation_key(directory, x, y):
+    """A digest of everything a run's statistics on x, y depend on: its
+    checkpoint and config, the items, the package's source (`_source_digest`),
+    the library versions, the device, and whether TF32 is emulated."""
     import importlib.metadata as md
     h = hashlib.sha256()
     for name in (CHECKPOINT, "config.json"):
         with open(os.path.join(directory, name), "rb") as f:
             h.update(f.read())
-    for a in (data["x_test"], data["y_test"]):
+    for a in (x, y):
         h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
     h.update(_source_digest())
     device = jax.devices()[0]
@@ -275,17 +275,23 @@ def _locked(path):
 
 def held_out_items(directory, model, data):
     """`measure_items` of a loaded run (`load_run`) on its test set, at float32
+    matmul precision, kept as `kept_items` keeps them."""
+    return kept_items(directory, model, data["x_test"], data["y_test"])
+
+
+def kept_items(directory, model, x, y=None):
+    """`measure_items` of the loaded run in `directory` on x, y, at float32
     matmul precision. Kept in the folder that $ANNOTATED_S4_EVAL_CACHE names,
     if set, under a digest of everything they depend on (`_evaluation_key`)."""
     def measure():
         with jax.default_matmul_precision("float32"):
-            return measure_items(model, data["x_test"], data["y_test"])
+            return measure_items(model, x, y)
 
     folder = os.environ.get(EVAL_CACHE)
     if not folder:
         return measure()
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, _evaluation_key(directory, data) + ".npz")
+    path = os.path.join(folder, _evaluation_key(directory, x, y) + ".npz")
     with _locked(path + ".lock"):   # a second worker waits for the first's result
         if not os.path.exists(path):
             items = measure()

@@ -204,12 +204,18 @@ def test_a_kept_re_evaluation_is_read_back_and_a_changed_run_is_measured_again(
     metrics, run = runner.evaluate_run(str(out))
     assert not measured and not runner.compare(run["metrics"], metrics)
 
+    x_part, y_part = data["x_train"][:5], data["y_train"][:5]   # other items: kept apart
+    part = runner.kept_items(str(out), model, x_part, y_part)
+    assert measured == [1] and len(list((tmp_path / "kept").glob("*.npz"))) == 2
+    np.testing.assert_array_equal(part["nll"], runner.kept_items(str(out), model, x_part, y_part)["nll"])
+    assert measured == [1] and part["nll"].shape == (5,)
+
     state = nnx.state(model, nnx.Param)               # move one weight: another run
     leaf = jax.tree_util.tree_leaves(state)[0]
     nnx.update(model, jax.tree_util.tree_map(lambda x: x + 1.0 if x is leaf else x, state))
     runner.save_checkpoint(str(out), model)
     runner.held_out_items(str(out), model, data)
-    assert measured == [1] and len(list((tmp_path / "kept").glob("*.npz"))) == 2
+    assert measured == [1, 1] and len(list((tmp_path / "kept").glob("*.npz"))) == 3
 
 
 def test_a_run_loads_without_initialising_its_model(tmp_path):
