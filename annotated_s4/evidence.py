@@ -25,6 +25,14 @@ def reevaluate_classifier(name):
     float32 rounding explains (`measure.compare`): the run must be re-made."""
     directory = locate(name)
     model, data, run = load_run(directory)
+    items, metrics = _reproduced(name, directory, model, data, run)
+    return {**run, "recomputed": metrics, "right": items["right"]}
+
+
+def _reproduced(name, directory, model, data, run):
+    """(items, metrics) of the loaded run `name` on its held-out set; raises
+    ValueError, naming the command that re-makes it, if the metrics differ
+    from the recorded ones by more than float32 rounding explains."""
     items = held_out_items(directory, model, data)
     metrics = metrics_of_items(items, data)
     bad = compare(run["metrics"], metrics)
@@ -33,7 +41,7 @@ def reevaluate_classifier(name):
         raise ValueError(f"{name}: the code no longer reproduces its recorded metrics "
                          f"({differ}); re-make it with `make reference RUN={name}`, "
                          f"that is `{command(name)}`")
-    return {**run, "recomputed": metrics, "right": items["right"]}
+    return items, metrics
 
 
 def mcnemar(right_a, right_b):
@@ -154,15 +162,8 @@ def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_wind
     if corpus_sha256 is not None and config.get("corpus_sha256") != corpus_sha256:
         raise ValueError(f"{name} was trained on another corpus "
                          f"(sha256 {config.get('corpus_sha256')}, not {corpus_sha256})")
-    items = held_out_items(directory, model, data)
+    items, metrics = _reproduced(name, directory, model, data, run)
     nll = np.asarray(items["nll"], np.float64)                      # (windows, tokens)
-    metrics = metrics_of_items(items, data)
-    bad = compare(run["metrics"], metrics)
-    if bad:
-        differ = ", ".join(f"{k} {old} recorded, {new} now" for k, (old, new) in bad.items())
-        raise ValueError(f"{name}: the code no longer reproduces its recorded metrics "
-                         f"({differ}); re-make it with `make reference RUN={name}`, "
-                         f"that is `{command(name)}`")
     train = kept_items(directory, model, data["x_train"][:train_windows])
     bits = 1 / np.log(2)
     return {**run, "model": model, "recomputed": metrics, "window_bits": nll.mean(1) * bits,
