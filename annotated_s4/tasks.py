@@ -6,6 +6,9 @@ answer: the model reads x, the first seq_len - 1 tokens, and must predict y,
 the token at position seq_len - 1. Accuracy is measured on that position
 only. The tasks draw from the numpy Generator they are given, so a seed
 fixes the data.
+
+`most_frequent_token` is the baseline that reads no query: it answers the
+candidate token that occurs most often in a sequence.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import numpy as np
 
 from . import _checks as checks
 
-__all__ = ["induction_head", "delayed_recall", "associative_recall"]
+__all__ = ["induction_head", "delayed_recall", "associative_recall", "most_frequent_token"]
 
 
 def _check_task_args(n, seq_len, vocab_size, min_len, min_vocab):
@@ -91,3 +94,24 @@ def associative_recall(rng, n, seq_len=20, vocab_size=10):
     x[:, -1] = query
     y = mapping[np.arange(n), query]
     return x.astype(np.int32), y.astype(np.int32)
+
+
+def most_frequent_token(x, candidates):
+    """The answer of a rule that never compares the query with anything.
+
+    For each sequence (row) of x, the token among `candidates` that occurs
+    most often in it; a tie goes to the candidate listed first. On associative
+    recall, with the value tokens as candidates, this is the value that occurs
+    most often among the pairs: since several keys of a sequence can share a
+    value, it is often the answer. On induction head, with the ordinary tokens
+    as candidates, it is the most frequent ordinary token.
+
+    x: int array (n, length); candidates: distinct ints, one dimension.
+    Returns int32 of shape (n,).
+    """
+    x = np.asarray(checks.array(x, "x", ndim=2, kind="int"))
+    candidates = np.asarray(checks.array(candidates, "candidates", ndim=1, kind="int"))
+    if candidates.size == 0 or len(np.unique(candidates)) != candidates.size:
+        raise ValueError(f"candidates must be distinct tokens, at least one, got {candidates}")
+    counts = (x[:, :, None] == candidates).sum(axis=1)  # (n, candidates)
+    return candidates[np.argmax(counts, axis=1)].astype(np.int32)

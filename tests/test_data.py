@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from annotated_s4 import data
-from annotated_s4.tasks import associative_recall, delayed_recall, induction_head
+from annotated_s4.tasks import (associative_recall, delayed_recall, induction_head,
+                                most_frequent_token)
 
 
 # --- digits -------------------------------------------------------------------
@@ -314,6 +315,40 @@ def test_task_bad_arguments(gen):
         gen(rng, 4, vocab_size=2)
     with pytest.raises(TypeError, match="seq_len must be an int"):
         gen(rng, 4, seq_len=20.0)
+
+
+def test_most_frequent_token_counts_the_candidates_only():
+    x = np.array([[0, 5, 1, 6, 2, 5, 0],       # 5 twice, 6 once
+                  [0, 7, 1, 6, 2, 6, 3],       # 6 twice; the key 3 is no candidate
+                  [4, 9, 4, 8, 4, 7, 4],       # a three-way tie: the first listed
+                  [0, 1, 2, 3, 4, 0, 1]])      # no candidate at all: the first listed
+    assert most_frequent_token(x, range(5, 10)).tolist() == [5, 6, 7, 5]
+    assert most_frequent_token(x, [9, 8, 7, 6, 5]).tolist() == [5, 6, 9, 9]
+    assert most_frequent_token(x, range(5, 10)).dtype == np.int32
+
+
+def test_most_frequent_token_beats_guessing_on_recall():
+    """The generators draw each key's value with replacement, so values repeat
+    and the most frequent one is often the answer, with no query read; on
+    induction head the most frequent ordinary token beats 1 in 19 too."""
+    x, y = associative_recall(np.random.default_rng(7), 20_000)
+    score = (most_frequent_token(x, range(5, 10)) == y).mean()
+    assert 0.50 < score < 0.57                                    # guessing: 0.2
+    x, y = induction_head(np.random.default_rng(8), 20_000)
+    score = (most_frequent_token(x, range(19)) == y).mean()
+    assert 0.12 < score < 0.18                                    # guessing: 1/19
+
+
+def test_most_frequent_token_bad_arguments():
+    x = np.zeros((2, 5), dtype=np.int32)
+    with pytest.raises(TypeError, match="x must be a int array"):
+        most_frequent_token(x.astype(float), range(3))
+    with pytest.raises(ValueError, match="x must have 2"):
+        most_frequent_token(x[0], range(3))
+    with pytest.raises(ValueError, match="candidates must be distinct"):
+        most_frequent_token(x, [1, 1])
+    with pytest.raises(ValueError, match="candidates must be distinct"):
+        most_frequent_token(x, np.array([], dtype=np.int32))
 
 
 def test_associative_recall_needs_even_length():
