@@ -4,15 +4,21 @@ A reference run is scored again with its answer for every held-out example
 (`reevaluate_classifier`); two models that answered the same examples are
 compared by McNemar's exact test on the examples where they disagree
 (`mcnemar`); and a difference counts as established only when it is larger
-than both the seeds' spread and the test set's noise (`verdict`).
+than both the seeds' spread and the test set's noise (`verdict`). Two
+models scored item by item over several seeds (classifiers or language
+models, `reevaluate_language_model`) are compared by an interval on the
+difference of their seeds' means (`compare_arms`).
 """
 
 from __future__ import annotations
 
+import math
 from math import comb
 
 import numpy as np
+from scipy import stats
 
+from . import _checks
 from .runner import compare, held_out_items, kept_items, load_run, metrics_of_items
 from .runs import command, locate
 
@@ -84,55 +90,78 @@ def verdict(seeds_a, seeds_b, p, fixed_b=False):
 # --- The book's one procedure for comparing two models ------------------------
 #
 # A model's score is a mean over seeds of a mean over the same held-out items
-# (digits, windows of text). Both levels are noisy: another seed draws another
-# model, another test set draws other items. `compare_arms` puts an interval on
-# the difference of the two models' scores by a two-level bootstrap, which
-# resamples both levels as they were sampled: the seeds of each model with
-# replacement, and the test items with replacement, the same items for both
-# models (they answered the same test set, so the item noise is shared and
-# partly cancels in the difference). A difference is established when its
-# interval excludes zero. A page that draws conclusions from m comparisons
-# gives each an interval at level 1 - alpha/m (Bonferroni), so that the chance
-# of any false "established" on the page stays below alpha = 0.05.
+# (digits, windows of text). The seeds are the experiment's replicates: each is
+# an independent training run, while the items are one fixed test set that
+# every run reads. So `compare_arms` reduces each seed to its mean over the
+# items and compares the two models' seed means with Welch's t interval. A
+# difference is established when its interval excludes zero. A page that draws
+# conclusions from m comparisons gives each an interval at level 1 - alpha/m
+# (Bonferroni), so that the chance of any false "established" on the page is
+# nominally below alpha = 0.05. Nominally: the bound holds if each interval
+# keeps its level, which Welch's interval does, closely, when the seed means
+# are roughly normal, whatever the two models' spreads (with equal spreads and
+# equal seed counts it is a little wider than it needs to be).
 
 ALPHA = 0.05
 
 
-def _bootstrap_means(scores, item_weights, rng):
-    """(n_boot,) bootstrap means of `scores` (seeds, items): seeds drawn with
-    replacement, items weighted by `item_weights` (n_boot, items), the counts
-    of each item in a resample of the items."""
-    per_seed = scores @ item_weights.T / item_weights.shape[1]       # (seeds, n_boot)
-    picks = rng.integers(0, len(scores), size=(item_weights.shape[0], len(scores)))
-    return np.take_along_axis(per_seed.T, picks, axis=1).mean(axis=1)
-
-
-def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA, n_boot=10_000, seed=0):
-    """The difference of two models' mean scores, A - B, with its two-level
-    bootstrap interval at level 1 - alpha / comparisons.
+def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA):
+    """The difference of two models' mean scores, A - B, with its Welch t
+    interval on the seeds' means, at level 1 - alpha / comparisons.
 
     scores_a (seeds_a, items), scores_b (seeds_b, items): each seed's score on
     each held-out item (1/0 for right/wrong, or a per-item loss), the same items
-    in the same order for both. Returns a dict: difference, low, high, level,
-    seeds (seeds_a, seeds_b), items, established (the interval excludes 0).
+    in the same order for both; at least 2 seeds a side. Returns a dict:
+    difference, low, high, level, df (the Welch-Satterthwaite degrees of
+    freedom), seeds (seeds_a, seeds_b), items, established (the interval
+    excludes 0).
+
+    Each seed is reduced to its mean over the items, m_i, and the interval is
+    difference +- t(df, (1 + level) / 2) * se, with se^2 = s_a^2/n_a + s_b^2/n_b
+    from the seed means' sample variances and df = se^4 / sum_k (s_k^2/n_k)^2
+    / (n_k - 1). Why the seeds and not the items: the seeds are the unit of
+    replication. The items are shared, so their own difficulty moves every
+    seed mean alike and cancels in the difference; what is left of them (how
+    one run fares on one item) is already in each seed's mean, hence in the
+    seeds' spread. Resampling items as if they were independent would
+    understate the noise twice over: the items need not be independent (the
+    held-out windows of a language model start at random points of one text
+    and overlap), and with a handful of seeds a bootstrap of the seeds
+    underestimates their variance by the factor (n - 1) / n and has normal
+    rather than t tails: with 3 seeds a side and the seeds' spread larger
+    than the items' noise, such a bootstrap calls several times more
+    differences between identical models "established" than its level
+    allows (tests/test_evidence.py simulates that case). With few seeds the
+    t interval is wide, and that is the honest width. It is conditional on
+    the test set: it says whether other seeds would reproduce the difference
+    on these items, not whether it holds on other text.
     """
     a = np.atleast_2d(np.asarray(scores_a, dtype=np.float64))
     b = np.atleast_2d(np.asarray(scores_b, dtype=np.float64))
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"scores_a and scores_b must be (seeds, items) on the same items, "
                          f"got shapes {a.shape} and {b.shape}")
-    if not (isinstance(comparisons, int) and comparisons >= 1):
-        raise ValueError(f"comparisons must be a positive int, got {comparisons!r}")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-    rng = np.random.default_rng(seed)
-    items = a.shape[1]
-    weights = rng.multinomial(items, np.full(items, 1 / items), size=n_boot).astype(np.float64)
-    diffs = _bootstrap_means(a, weights, rng) - _bootstrap_means(b, weights, rng)
+    for name, arm in (("scores_a", a), ("scores_b", b)):
+        if len(arm) < 2:
+            raise ValueError(f"{name} must hold at least 2 seeds (rows), got {len(arm)}: "
+                             f"one seed says nothing about the seeds' spread")
+        if not np.isfinite(arm).all():
+            raise ValueError(f"{name} must be finite")
+    comparisons = _checks.positive_int(comparisons, "comparisons")
+    alpha = _checks.number(alpha, "alpha", low=0.0, high=1.0, low_open=True, high_open=True)
+    ma, mb = a.mean(axis=1), b.mean(axis=1)                       # each seed's mean
+    va, vb = ma.var(ddof=1) / len(ma), mb.var(ddof=1) / len(mb)   # squared standard errors
+    se = math.sqrt(va + vb)
+    if se == 0:                   # every seed alike: no spread to spread the interval
+        df = float(len(ma) + len(mb) - 2)
+    else:
+        df = (va + vb) ** 2 / (va ** 2 / (len(ma) - 1) + vb ** 2 / (len(mb) - 1))
     level = 1 - alpha / comparisons
-    low, high = np.quantile(diffs, [(1 - level) / 2, (1 + level) / 2])
-    return {"difference": float(a.mean() - b.mean()), "low": float(low), "high": float(high),
-            "level": level, "seeds": (len(a), len(b)), "items": items,
+    difference = float(ma.mean() - mb.mean())
+    half = float(stats.t.ppf((1 + level) / 2, df)) * se
+    low, high = difference - half, difference + half
+    return {"difference": difference, "low": low, "high": high, "level": level, "df": df,
+            "seeds": (len(a), len(b)), "items": a.shape[1],
             "established": bool(low > 0 or high < 0)}
 
 
