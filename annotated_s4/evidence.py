@@ -31,11 +31,11 @@ def reevaluate_classifier(name):
     float32 rounding explains (`measure.compare`): the run must be re-made."""
     directory = locate(name)
     model, data, run = load_run(directory)
-    items, metrics = _reproduced(name, directory, model, data, run)
+    items, metrics = reproduced(name, directory, model, data, run)
     return {**run, "recomputed": metrics, "right": items["right"]}
 
 
-def _reproduced(name, directory, model, data, run):
+def reproduced(name, directory, model, data, run):
     """(items, metrics) of the loaded run `name` on its held-out set; raises
     ValueError, naming the command that re-makes it, if the metrics differ
     from the recorded ones by more than float32 rounding explains."""
@@ -191,7 +191,7 @@ def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_wind
     if corpus_sha256 is not None and config.get("corpus_sha256") != corpus_sha256:
         raise ValueError(f"{name} was trained on another corpus "
                          f"(sha256 {config.get('corpus_sha256')}, not {corpus_sha256})")
-    items, metrics = _reproduced(name, directory, model, data, run)
+    items, metrics = reproduced(name, directory, model, data, run)
     nll = np.asarray(items["nll"], np.float64)                      # (windows, tokens)
     train = kept_items(directory, model, data["x_train"][:train_windows])
     bits = 1 / np.log(2)
