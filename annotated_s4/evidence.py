@@ -3,11 +3,11 @@
 A reference run is scored again with its answer for every held-out example
 (`reevaluate_classifier`); two models that answered the same examples are
 compared by McNemar's exact test on the examples where they disagree
-(`mcnemar`); and a difference counts as established only when it is larger
-than both the seeds' spread and the test set's noise (`verdict`). Two
-models scored item by item over several seeds (classifiers or language
-models, `reevaluate_language_model`) are compared by an interval on the
-difference of their seeds' means (`compare_arms`).
+(`mcnemar`). Whether a difference is established is decided by the book's
+one procedure, `compare_arms`: two models scored item by item over several
+seeds (classifiers, or language models through `reevaluate_language_model`)
+are compared by Welch's interval on their seeds' means, and, where the items
+are independent draws, by a paired interval over the items as well.
 """
 
 from __future__ import annotations
@@ -69,24 +69,6 @@ def mcnemar_pairings(pairings):
     return [(runs_compared, *mcnemar(a, b)) for runs_compared, a, b in pairings]
 
 
-def verdict(seeds_a, seeds_b, p, fixed_b=False):
-    """Whether a difference between A and B is established, and by what.
-    seeds_a, seeds_b: the accuracy of every seed; fixed_b: B is a
-    deterministic baseline (one value, no seeds); p: the largest McNemar
-    p-value over the pairings of runs."""
-    if p >= 0.05:
-        return "not established: within the test set's noise"
-    if len(seeds_a) < 2 or (len(seeds_b) < 2 and not fixed_b):
-        return "beyond the test set's noise; one seed, so the seeds' spread is unmeasured"
-    if fixed_b:
-        apart = min(seeds_a) > seeds_b[0] or max(seeds_a) < seeds_b[0]
-    else:
-        apart = abs(np.mean(seeds_a) - np.mean(seeds_b)) > max(np.ptp(seeds_a), np.ptp(seeds_b))
-    if apart:
-        return "established: larger than the seeds' spread and the test set's noise"
-    return "not established: within the seeds' spread"
-
-
 # --- The book's one procedure for comparing two models ------------------------
 #
 # A model's score is a mean over seeds of a mean over the same held-out items
@@ -105,7 +87,8 @@ def verdict(seeds_a, seeds_b, p, fixed_b=False):
 ALPHA = 0.05
 
 
-def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA):
+def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA, b_fixed=False,
+                 items_independent=False):
     """The difference of two models' mean scores, A - B, with its Welch t
     interval on the seeds' means, at level 1 - alpha / comparisons.
 
@@ -115,6 +98,17 @@ def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA):
     difference, low, high, level, df (the Welch-Satterthwaite degrees of
     freedom), seeds (seeds_a, seeds_b), items, established (the interval
     excludes 0).
+
+    b_fixed: B is deterministic (one row: a model that gives the same answers
+    whatever the seed, such as an SVM); the interval is then A's one-sample t
+    interval around B's score, with seeds_a - 1 degrees of freedom.
+    items_independent: the items are independent draws (separate test digits,
+    not overlapping windows of one text); the test set's own sampling noise is
+    then measured too, by the paired t interval over the items of
+    d_j = (A's mean over seeds on item j) - (B's), at the same level, returned
+    as items_low, items_high, and a difference is established only when both
+    intervals exclude 0 on the same side: other seeds would reproduce it, and
+    so would another test set.
 
     Each seed is reduced to its mean over the items, m_i, and the interval is
     difference +- t(df, (1 + level) / 2) * se, with se^2 = s_a^2/n_a + s_b^2/n_b
@@ -141,8 +135,13 @@ def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA):
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"scores_a and scores_b must be (seeds, items) on the same items, "
                          f"got shapes {a.shape} and {b.shape}")
+    b_fixed = _checks.flag(b_fixed, "b_fixed")
+    items_independent = _checks.flag(items_independent, "items_independent")
+    if b_fixed and len(b) != 1:
+        raise ValueError(f"scores_b must hold one row when b_fixed (a deterministic model), "
+                         f"got {len(b)}")
     for name, arm in (("scores_a", a), ("scores_b", b)):
-        if len(arm) < 2:
+        if not (name == "scores_b" and b_fixed) and len(arm) < 2:
             raise ValueError(f"{name} must hold at least 2 seeds (rows), got {len(arm)}: "
                              f"one seed says nothing about the seeds' spread")
         if not np.isfinite(arm).all():
@@ -150,19 +149,35 @@ def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA):
     comparisons = _checks.positive_int(comparisons, "comparisons")
     alpha = _checks.number(alpha, "alpha", low=0.0, high=1.0, low_open=True, high_open=True)
     ma, mb = a.mean(axis=1), b.mean(axis=1)                       # each seed's mean
-    va, vb = ma.var(ddof=1) / len(ma), mb.var(ddof=1) / len(mb)   # squared standard errors
+    va = ma.var(ddof=1) / len(ma)                                 # squared standard errors
+    vb = 0.0 if b_fixed else mb.var(ddof=1) / len(mb)
     se = math.sqrt(va + vb)
-    if se == 0:                   # every seed alike: no spread to spread the interval
+    if b_fixed:
+        df = float(len(ma) - 1)
+    elif se == 0:                 # every seed alike: no spread to spread the interval
         df = float(len(ma) + len(mb) - 2)
     else:
         df = (va + vb) ** 2 / (va ** 2 / (len(ma) - 1) + vb ** 2 / (len(mb) - 1))
     level = 1 - alpha / comparisons
     difference = float(ma.mean() - mb.mean())
+    low, high = _t_interval(difference, se, df, level)
+    result = {"difference": difference, "low": low, "high": high, "level": level, "df": df,
+              "seeds": (len(a), 1 if b_fixed else len(b)), "items": a.shape[1],
+              "established": bool(low > 0 or high < 0)}
+    if items_independent:
+        d = a.mean(axis=0) - b.mean(axis=0)                       # per item, seeds averaged
+        items_low, items_high = _t_interval(difference, d.std(ddof=1) / math.sqrt(len(d)),
+                                            len(d) - 1.0, level)
+        result.update(items_low=items_low, items_high=items_high,
+                      established=bool((low > 0 and items_low > 0)
+                                       or (high < 0 and items_high < 0)))
+    return result
+
+
+def _t_interval(center, se, df, level):
+    """center -/+ the (1 + level) / 2 quantile of Student's t with df degrees of freedom, times se."""
     half = float(stats.t.ppf((1 + level) / 2, df)) * se
-    low, high = difference - half, difference + half
-    return {"difference": difference, "low": low, "high": high, "level": level, "df": df,
-            "seeds": (len(a), len(b)), "items": a.shape[1],
-            "established": bool(low > 0 or high < 0)}
+    return center - half, center + half
 
 
 # --- Language models: per-window scores for `compare_arms` ------------------------
