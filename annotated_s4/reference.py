@@ -6,7 +6,7 @@ history.json, metrics.json and a pickle-free checkpoint.npz.
 
     python -m annotated_s4 reference train [NAME ...]  # = make reference [RUN=NAME]
     python -m annotated_s4 reference check [NAME ...]  # re-evaluate committed runs
-    python -m annotated_s4 reference list              # the command of each run
+    python -m annotated_s4 reference list              # what each run is for, its command
 
 `check` exits with status 1 if a run's metrics are no longer reproduced by
 the code, within the tolerance that float32 rounding explains
@@ -30,11 +30,11 @@ from .completion import (COMPLETION_CLASSIFIERS, complete_digits, completion_acc
 from .registry import parse
 from .runner import compare, cross_run_metrics, evaluate_run, run
 from .runs import (CHARLM_SEEDS, MANIFEST, MEMORY_LENGTHS, MNIST_SEEDS, OPTIM_SEEDS,
-                   OPTIM_SETTINGS, RAW_URL, ROOT, RUNS, SYNTHETIC_SEEDS, _names, available,
+                   PURPOSES, RAW_URL, ROOT, RUNS, SYNTHETIC_SEEDS, _names, available,
                    command, locate, manifest, run_dir, write_manifest)
 
-__all__ = ["ROOT", "RUNS", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS", "MNIST_SEEDS", "CHARLM_SEEDS",
-           "OPTIM_SEEDS", "OPTIM_SETTINGS", "MANIFEST", "RAW_URL",
+__all__ = ["ROOT", "RUNS", "PURPOSES", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS", "MNIST_SEEDS",
+           "CHARLM_SEEDS", "OPTIM_SEEDS", "MANIFEST", "RAW_URL",
            "COMPLETION_CLASSIFIERS", "run_dir", "command", "available", "manifest",
            "write_manifest", "locate", "complete_digits", "completion_accuracy",
            "completions_on_a_boundary", "cross_run_metrics", "reevaluate", "compare", "train",
@@ -82,7 +82,7 @@ def add_arguments(parser):
     """The options of `python -m annotated_s4 reference`."""
     parser.add_argument("action", choices=["train", "check", "list"],
                         help="train: re-make runs; check: re-evaluate them against their "
-                             "metrics.json; list: print the command of each")
+                             "metrics.json; list: print what each is for and its command")
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"runs (default: all): {', '.join(RUNS)}")
     return parser
@@ -92,8 +92,8 @@ def execute(args):
     """Carry out parsed `reference` options (`add_arguments`)."""
     try:
         if args.action == "list":
-            for name in RUNS:
-                print(command(name))
+            for name in _names(args.names):
+                print(f"# {name}: {PURPOSES[name]}\n{command(name)}")
         elif args.action == "train":
             train(args.names)
         else:

@@ -127,8 +127,9 @@ def test_evaluate_reproduces_a_run_and_names_what_is_wrong(tmp_path, capsys):
 def test_reference_list_prints_the_commands_in_the_new_spelling(capsys):
     cli.main(["reference", "list"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [reference.command(name) for name in reference.RUNS]
-    assert lines[0].startswith("python -m annotated_s4 train --dataset ")
+    assert lines == [line for name in reference.RUNS
+                     for line in (f"# {name}: {reference.PURPOSES[name]}", reference.command(name))]
+    assert lines[1].startswith("python -m annotated_s4 train --dataset ")
 
 
 def _python(*args):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4 import SSMLayer, StackedModel, reference, registry, runner, train
+from annotated_s4 import SSMLayer, StackedModel, reference, registry, runner, runs, train
 from annotated_s4.config import RunConfig
 
 
@@ -166,6 +166,52 @@ def test_the_synthetic_seeds_differ_from_seed_0_in_the_seeds_only():
                     "--seed", str(seed), "--seed-data", str(2 * seed)]
 
 
+def test_every_seed_of_a_family_is_its_seed_0_run_with_another_seed():
+    """The families the pages iterate over are whole in the table, and a seed's
+    run differs from the family's seed-0 run only in its seed."""
+    families = {
+        "optim-{}": (("recipe", "decay", "fullrate"), reference.OPTIM_SEEDS),
+        "mnist-{}": (("s4", "s4d", "gru", "s4-gaussian", "ssm-dt01", "s4-dt01"),
+                     reference.MNIST_SEEDS),
+        "charlm-{}": (("h3", "hybrid", "attention", "s4d"), reference.CHARLM_SEEDS),
+    }
+    for pattern, (members, seeds) in families.items():
+        for member in members:
+            base = reference.RUNS[pattern.format(member)]
+            for seed in seeds[1:]:
+                assert reference.RUNS[pattern.format(member) + f"-seed{seed}"] == base + [
+                    "--seed", str(seed)]
+    for L in reference.MEMORY_LENGTHS:
+        for layer in ("s4", "s4-independent", "s4-random", "s4d", "ssm"):
+            assert f"memory{L}-{layer}" in reference.RUNS
+
+
+def test_the_table_says_what_each_run_is_for():
+    assert set(reference.PURPOSES) == set(reference.RUNS)
+    for name, purpose in reference.PURPOSES.items():
+        assert purpose.strip() and not re.search(r"\b[Cc]hapter\b", purpose), name
+
+
+@pytest.mark.parametrize("text, match", [
+    ('[[run]]\nname = "a"\npurpose = "x"\noptions = "--steps 1"\n' * 2, "listed twice"),
+    ('[[run]]\nname = "a"\noptions = "--steps 1"\n', "a name, a purpose and options"),
+])
+def test_a_bad_table_is_refused(tmp_path, text, match):
+    path = tmp_path / "runs.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        runs.read_table(path)
+
+
+def test_a_table_is_read_in_order_with_its_options_split(tmp_path):
+    path = tmp_path / "runs.toml"
+    path.write_text('[[run]]\nname = "b"\npurpose = "x"\noptions = "--steps 1 --lr 0.01"\n'
+                    '[[run]]\nname = "a"\npurpose = "y"\noptions = "--steps 2"\n')
+    table, purposes = runs.read_table(path)
+    assert list(table.items()) == [("b", ["--steps", "1", "--lr", "0.01"]), ("a", ["--steps", "2"])]
+    assert purposes == {"b": "x", "a": "y"}
+
+
 def test_completion_accuracy_keeps_the_top_half_and_scores_with_the_classifier():
     from annotated_s4.data import DIGIT_LEVELS, load_digits_sequences
 
@@ -298,3 +344,16 @@ def test_the_completion_tolerance_counts_the_digits_another_evaluation_could_cha
     tampered[0, 40] = (tampered[0, 40] + 1) % DIGIT_LEVELS   # not what the model drew
     assert reference.completions_on_a_boundary(gen, Reader(False), digits, tampered)[0]
     assert reference.completions_on_a_boundary(gen, Reader(True), digits, completed).all()
+
+
+def test_the_package_ships_every_data_file_it_reads():
+    """A pip install (Colab's) carries only the files pyproject.toml lists
+    beside the modules: the runs' table among them."""
+    import tomllib
+
+    package = os.path.dirname(reference.__file__)
+    with open(os.path.join(os.path.dirname(package), "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["package-data"]["annotated_s4"])
+    data = {f for f in os.listdir(package)
+            if os.path.isfile(os.path.join(package, f)) and not f.endswith((".py", ".pyc"))}
+    assert data == listed and "runs.toml" in listed
