@@ -6,7 +6,7 @@ it) and whose key-value memory is accumulated by a *diagonal SSM*
 (`S4DLayer` with B = 1) instead of a plain running sum. Per head of
 dimension d_h,
 
-    O_t = Q_t SSM_diag(K_bar V^T)_t,    K_bar = SSM_shift(K),
+    O_t = Q_t^T SSM_diag(K_bar V^T)_t,    K_bar = SSM_shift(K),
 
 a d_h x d_h memory of outer products read by the query; for d_h = 1 this is
 the elementwise O = Q * SSM_diag(SSM_shift(K) * V).
@@ -183,7 +183,7 @@ class H3Layer(nnx.Module):
                                         per head, shared by its d_h^2 entries:
                                         an S4DLayer of state size N =
                                         state_size per head and B = 1)
-    5. O_t = Q_t KV_t                                            per head
+    5. O_t = Q_t^T KV_t    (per head; Q_t, K_bar_t, V_t are columns, O_t a row)
     6. concatenate the heads, output projection W_O.
 
     With SSM_diag a running sum and no shift this is causal linear attention;
@@ -225,7 +225,7 @@ class H3Layer(nnx.Module):
         K = self.diag.kernel(u.shape[1])                   # (heads, L)
         D = jnp.broadcast_to(self.diag.D[...][:, None, None], kv.shape[2:])
         kv = causal_conv(kv, K[:, None, None, :], axis=1) + scale_channels(D, kv)
-        o = jnp.einsum("blhi,blhij->blhj", q, kv)         # Q_t KV_t per head
+        o = jnp.einsum("blhi,blhij->blhj", q, kv)         # Q_t^T KV_t per head
         return self.W_O(o.reshape(u.shape))
 
     # -- State passing: a long sequence in chunks ------------------------------

@@ -427,10 +427,12 @@ def scale_channels(c, x):
 
     The same numbers as the broadcast product. The difference is in c's
     gradient, a sum over the batch and every position: JAX sums over the
-    axes along which c was broadcast, and for a batch of one that is the
-    middle axis of a (1, L, H) array, which XLA's CPU backend (jaxlib 0.10,
-    through YNNPACK) sums many times slower than the first axis of the same
-    numbers laid out as (L, H) (H3's long-sequence timings measure it).
+    axes along which c was broadcast, for a batch of one the middle axis of
+    a (1, L, H) array; here it is always the first axis of an (L, H) array.
+    Which of the two a backend sums faster depends on the backend and its
+    version (the H3 chapter times both); every per-channel weight of the
+    package (`Linear`'s bias too) is written this way, so that layers
+    compared with each other pay the same for these sums.
     """
     return (x.reshape(-1, c.size) * c.reshape(-1)).reshape(x.shape)
 
