@@ -68,11 +68,13 @@ def batch_size(value, n):
     return value
 
 
-def finite_loss(loss, step, lr):
-    """A training loss that is a finite number (else the run has diverged)."""
+def finite_loss(loss, step, lr=None):
+    """A training loss that is a finite number (else the run has diverged);
+    lr, where known, is named in the error."""
     if not math.isfinite(loss):
+        now = "" if lr is None else f" (now {lr})"
         raise FloatingPointError(f"training diverged at step {step}: the loss is {loss}; "
-                                 f"try a smaller learning rate (now {lr})")
+                                 f"try a smaller learning rate{now}")
     return loss
 
 

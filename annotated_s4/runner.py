@@ -113,7 +113,7 @@ def run(config, log=print, devices=None, cross_run=False):
 
     start = time.perf_counter()
     history = fit(model, data["x_train"], data["y_train"], data["x_test"], data["y_test"],
-                  steps=config.steps, batch_size=config.batch_size, lr=config.lr,
+                  steps=config.steps, batch_size=config.batch_size,
                   seed=config.seed, eval_every=config.eval_every, log=log,
                   log_every=config.log_every, optimizer=optimizer, mesh=mesh, history=history,
                   on_step=checkpoint)

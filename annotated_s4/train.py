@@ -202,7 +202,7 @@ def batch_indices(seed, step, n, batch_size):
 
 
 def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
-        batch_size=64, lr=1e-3, weight_decay=0.01, ssm_lr=None, seed=0, eval_every=0,
+        batch_size=64, lr=None, weight_decay=None, ssm_lr=None, seed=0, eval_every=0,
         log=print, log_every=0, optimizer=None, mesh=None, history=None, on_step=None):
     """Train `model` for `steps` steps (the batch of step s: `batch_indices(seed, s, ...)`).
 
@@ -214,6 +214,11 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     (model and optimizer replicated first). `on_step(step, history)` runs after
     every step (checkpointing, pre-emption).
 
+    The optimiser is `make_optimizer(model, lr, weight_decay, steps, ssm_lr)`
+    (lr 1e-3 and weight_decay 0.01 where not given), or the `optimizer` passed
+    in, which carries its own rates: then lr, weight_decay and ssm_lr are
+    refused rather than ignored.
+
     Each step's loss is read back to the host (to record it and to stop on a
     non-finite loss), which waits for the step; the next batch is gathered
     and sent to the device before that wait, so that this host work overlaps
@@ -221,8 +226,15 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     """
     steps = checks.positive_int(steps, "steps")
     batch_size = checks.batch_size(batch_size, len(x_train))
-    optimizer = optimizer or make_optimizer(model, lr=lr, weight_decay=weight_decay,
-                                            steps=steps, ssm_lr=ssm_lr)
+    rates = {"lr": lr, "weight_decay": weight_decay, "ssm_lr": ssm_lr}
+    if optimizer is None:
+        optimizer = make_optimizer(model, lr=1e-3 if lr is None else lr,
+                                   weight_decay=0.01 if weight_decay is None else weight_decay,
+                                   steps=steps, ssm_lr=ssm_lr)
+    elif any(v is not None for v in rates.values()):
+        given = ", ".join(k for k, v in rates.items() if v is not None)
+        raise ValueError(f"{given}: fit trains with the optimizer passed in, which carries its "
+                         f"own rates; give them to make_optimizer instead")
     if mesh is not None:
         replicate(mesh, model, optimizer)
     put = jnp.asarray if mesh is None else functools.partial(shard_batch, mesh)

@@ -167,3 +167,17 @@ def test_optimizer_groups_are_the_state_space_parameters(name):
     assert {path for path, g in groups.items() if g == "ssm"} == declared
     assert len(groups) == len(jax.tree_util.tree_leaves(params))
     assert bool(declared) == draws_steps
+
+
+@pytest.mark.parametrize("rates, named", [({"lr": 1e-2}, "lr"),
+                                          ({"weight_decay": 0.0, "ssm_lr": 1e-3},
+                                           "weight_decay, ssm_lr")])
+def test_fit_refuses_rates_beside_an_optimizer_that_has_its_own(rates, named):
+    """Rates given beside an optimizer would be silently ignored: fit refuses
+    them, naming each, before any step is taken."""
+    model = StackedModel(functools.partial(SSMLayer, N=4, L=8), d_output=2, d_model=4,
+                         n_layers=1, rngs=nnx.Rngs(0))
+    optimizer = train.make_optimizer(model, lr=1e-2, steps=1)
+    x, y = np.zeros((4, 8, 1), np.float32), np.zeros(4, np.int32)
+    with pytest.raises(ValueError, match=f"^{named}: fit trains with the optimizer passed in"):
+        train.fit(model, x, y, steps=1, batch_size=4, log=None, optimizer=optimizer, **rates)
