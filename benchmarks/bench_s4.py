@@ -19,7 +19,9 @@
    prefix (what a convolution-only model would have to do), at several L.
 
 The kernel measurements are `annotated_s4.timing.kernel_scaling`, the same
-function chapter 5 calls for its (shorter) scaling figure.
+function chapter 5 calls for its live scaling figure; that figure times the
+three single-SSM kernels only (no H-channel kernel), at L = 256 to 16k with
+3 repeats, where this script uses 5 (3 with --quick).
 
 Usage:  python benchmarks/bench_s4.py [--quick] [--step-only]
 --quick runs a reduced sweep (CPU CI budgets): L = 1k, 4k, H = 32, and
