@@ -413,6 +413,33 @@ def unglued_keys(path):
     return found
 
 
+GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`[^`]*`")
+WELL_FORMED = re.compile(r"\{glue(?::(?:text|md|any|math|figure))?\}`[\w.-]+(?::[^`\s{}]+)?`")
+
+
+def malformed_glue(path):
+    """(line, role) for each glue role of the prose that is not `{glue:kind}`key`` or
+    `{glue:kind}`key:format``: a brace typed for the closing backtick runs the
+    role into the next one, and the build stops on it (a Sphinx warning)."""
+    text = path.read_text()
+    return [(text.count("\n", 0, m.start()) + 1, m.group()) for m in GLUE_ROLE.finditer(text)
+            if not WELL_FORMED.fullmatch(m.group())]
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in PAGES])
+def test_every_glue_role_is_well_formed(path):
+    found = malformed_glue(path)
+    assert not found, "malformed glue roles:\n" + "\n".join(
+        f"  {path.name}:{n}: {role}" for n, role in found)
+
+
+def test_malformed_glue_rule(tmp_path):
+    page = tmp_path / "x.md"
+    page.write_text("A {glue:text}`a:.4f` and {glue:text}`b`.\n"
+                    "B {glue:text}`c:.4f} nats,\nagainst {glue:text}`d:.4f` bits.\n")
+    assert malformed_glue(page) == [(2, "{glue:text}`c:.4f} nats,\nagainst {glue:text}`")]
+
+
 @pytest.mark.parametrize("path", [_param(p) for p in PAGES])
 def test_every_glued_key_in_the_prose_is_glued_by_a_cell(path):
     found = unglued_keys(path)
