@@ -215,7 +215,7 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     every step (checkpointing, pre-emption).
 
     The optimiser is `make_optimizer(model, lr, weight_decay, steps, ssm_lr)`
-    (lr 1e-3 and weight_decay 0.01 where not given), or the `optimizer` passed
+    (its defaults where a rate is not given), or the `optimizer` passed
     in, which carries its own rates: then lr, weight_decay and ssm_lr are
     refused rather than ignored.
 
@@ -226,15 +226,13 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     """
     steps = checks.positive_int(steps, "steps")
     batch_size = checks.batch_size(batch_size, len(x_train))
-    rates = {"lr": lr, "weight_decay": weight_decay, "ssm_lr": ssm_lr}
+    rates = {k: v for k, v in (("lr", lr), ("weight_decay", weight_decay), ("ssm_lr", ssm_lr))
+             if v is not None}
     if optimizer is None:
-        optimizer = make_optimizer(model, lr=1e-3 if lr is None else lr,
-                                   weight_decay=0.01 if weight_decay is None else weight_decay,
-                                   steps=steps, ssm_lr=ssm_lr)
-    elif any(v is not None for v in rates.values()):
-        given = ", ".join(k for k, v in rates.items() if v is not None)
-        raise ValueError(f"{given}: fit trains with the optimizer passed in, which carries its "
-                         f"own rates; give them to make_optimizer instead")
+        optimizer = make_optimizer(model, steps=steps, **rates)
+    elif rates:
+        raise ValueError(f"{', '.join(rates)}: fit trains with the optimizer passed in, which "
+                         f"carries its own rates; give them to make_optimizer instead")
     if mesh is not None:
         replicate(mesh, model, optimizer)
     put = jnp.asarray if mesh is None else functools.partial(shard_batch, mesh)
