@@ -59,10 +59,12 @@ class RunConfig:
     d_model: int = _option(32, "width H of the model (channels of every block)", _MODEL)
     vocab_size: int | None = _option(None, "vocabulary of the recall tasks (default: 20 for "
                                      "induction-head, 10 for associative-recall, as in the "
-                                     "H3 paper; 16 for delayed-recall)", _MODEL)
+                                     "H3 paper; 16 for delayed-recall, 10 for "
+                                     "selective-copying)", _MODEL)
     seq_len: int | None = _option(None, "sequence length of the recall tasks (default: 30 "
                                   "for induction-head, 20 for associative-recall, 256 for "
-                                  "delayed-recall) and of the charlm windows (default 128)",
+                                  "delayed-recall, 64 for selective-copying) and of the "
+                                  "charlm windows (default 128)",
                                   _MODEL)
     seed_data: int = _option(0, "seed of the train/test split (or of the generated data)",
                              _MODEL)

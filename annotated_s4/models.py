@@ -166,13 +166,25 @@ class LastTokenModel(nnx.Module):
     """Wraps a next-step `StackedModel` (classification=False, vocab_size set)
     to predict the token that follows x (batch, L): returns (batch, vocab)
     log-probabilities, so `train.fit` treats it as a classifier whose label is
-    the answer of a recall task."""
+    the answer of a recall task.
 
-    def __init__(self, model):
+    With `answer_len` = K, the answer is K tokens, one after each of the last K
+    tokens of x (the markers of selective copying): returns (batch, K, vocab),
+    the prediction after x_0 .. x_{L-K+i} for answer i, and the label is
+    (batch, K)."""
+
+    def __init__(self, model, answer_len=None):
         self.model = model
+        self.answer_len = None if answer_len is None else checks.positive_int(answer_len,
+                                                                              "answer_len")
 
     def __call__(self, x):
         # StackedModel shifts its input right: output k sees x_0 .. x_{k-1}.
         # Append a placeholder so that the last output sees all of x.
         x = jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)
-        return self.model(x)[:, -1]
+        if self.answer_len is None:
+            return self.model(x)[:, -1]
+        if self.answer_len >= x.shape[1]:
+            raise ValueError(f"answer_len ({self.answer_len}) must be at most the length of x "
+                             f"({x.shape[1] - 1} tokens)")
+        return self.model(x)[:, -self.answer_len:]

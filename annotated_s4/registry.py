@@ -6,7 +6,8 @@ Two plain dicts name what a run can build:
   x_test, y_test (y_* None for next-step generation), classification (bool),
   d_output (classes or vocabulary size), d_input (features per step),
   vocab_size (None, or the number of tokens for an embedding encoder), and
-  optionally last_token (recall tasks: scored on the token after x),
+  optionally last_token (recall tasks: scored on the token after x, or
+  with answer_len K on the K tokens that follow x's last K, selective copying),
   corpus_sha256 (the text a language model reads), token (what one step is,
   for the bits-per-token metric's name), vocab (the characters a token
   stands for) and labels_test (the digit of each test sequence of a
@@ -98,14 +99,15 @@ def _mnist(config):
 # given: the recall tasks at the sizes of the H3 paper's table, and the
 # character language model's window length (its vocabulary is the text's).
 RECALL_DEFAULTS = {"induction-head": (30, 20), "associative-recall": (20, 10),
-                   "delayed-recall": (256, 16)}
+                   "delayed-recall": (256, 16), "selective-copying": (64, 10)}
 CHARLM_DEFAULTS = {"seq_len": 128, "n_train": 20000, "n_test": 512}
 
 
 def _recall(name):
-    """A synthetic recall task (H3's two, and delayed recall):
-    the label is the final token; the model reads the sequence causally and
-    is scored there only."""
+    """A synthetic recall task (H3's two, delayed recall, selective copying):
+    the label is the final token, or the final answer_len tokens, one after
+    each marker; the model reads the sequence causally and is scored there
+    only."""
     def load(config):
         from . import tasks
 
@@ -116,6 +118,7 @@ def _recall(name):
                              seq_len=config.seq_len, vocab_size=config.vocab_size)
         return {"x_train": x_train, "y_train": y_train, "x_test": x_test,
                 "y_test": y_test, "classification": False, "last_token": True,
+                "answer_len": y_train.shape[1] if y_train.ndim == 2 else None,
                 "d_output": config.vocab_size, "d_input": 1,
                 "vocab_size": config.vocab_size}
 
@@ -149,6 +152,7 @@ DATASETS = {
     "induction-head": _recall("induction_head"),
     "associative-recall": _recall("associative_recall"),
     "delayed-recall": _recall("delayed_recall"),
+    "selective-copying": _recall("selective_copying"),
     "charlm": _charlm,
 }
 
@@ -210,6 +214,8 @@ DATASET_HELP = {
     "associative-recall": "H3's other synthetic recall task",
     "delayed-recall": "name the first token after seq-len - 1 others (the memory "
                       "experiment)",
+    "selective-copying": "copy 8 data tokens scattered among noise, in order, one "
+                         "after each of 8 markers (Mamba's selective copying)",
     "charlm": "characters of the Python documentation",
 }
 
@@ -285,7 +291,9 @@ def build_model(config, data):
         vocab_size=data["vocab_size"], classification=data["classification"],
         dropout=config.dropout,
     )
-    return LastTokenModel(model) if data.get("last_token") else model
+    if data.get("last_token"):
+        return LastTokenModel(model, answer_len=data.get("answer_len"))
+    return model
 
 
 def build_optimizer(config, model):

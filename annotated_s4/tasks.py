@@ -1,11 +1,14 @@
 """Generated recall tasks: H3's induction head and associative recall,
-and delayed recall, a test of how long a layer remembers.
+delayed recall, a test of how long a layer remembers, and Mamba's selective
+copying.
 
-Every task is a batch of integer-token sequences whose last token is the
-answer: the model reads x, the first seq_len - 1 tokens, and must predict y,
-the token at position seq_len - 1. Accuracy is measured on that position
-only. The tasks draw from the numpy Generator they are given, so a seed
-fixes the data.
+Every recall task is a batch of integer-token sequences whose last token is
+the answer: the model reads x, the first seq_len - 1 tokens, and must predict
+y, the token at position seq_len - 1. Accuracy is measured on that position
+only. Selective copying has an answer of several tokens: y holds one row of
+answers per sequence, and each answer is predicted after its own marker
+token at the end of x. The tasks draw from the numpy Generator they are
+given, so a seed fixes the data.
 
 `most_frequent_token` is the baseline that reads no query: it answers the
 candidate token that occurs most often in a sequence.
@@ -17,7 +20,8 @@ import numpy as np
 
 from . import _checks as checks
 
-__all__ = ["induction_head", "delayed_recall", "associative_recall", "most_frequent_token"]
+__all__ = ["induction_head", "delayed_recall", "associative_recall", "selective_copying",
+           "most_frequent_token"]
 
 
 def _check_task_args(n, seq_len, vocab_size, min_len, min_vocab):
@@ -93,6 +97,37 @@ def associative_recall(rng, n, seq_len=20, vocab_size=10):
     query = keys[np.arange(n), rng.integers(0, n_pairs, size=n)]
     x[:, -1] = query
     y = mapping[np.arange(n), query]
+    return x.astype(np.int32), y.astype(np.int32)
+
+
+def selective_copying(rng, n, seq_len=64, vocab_size=10, n_tokens=8):
+    """Selective copying: n_tokens data tokens scattered among noise, then
+    copied out in order, one after each of n_tokens markers.
+
+    Tokens 0..vocab_size-3 are data, vocab_size-2 is the noise token and
+    vocab_size-1 the marker. x has seq_len tokens: a region of
+    seq_len - n_tokens positions, n_tokens of them (drawn without replacement,
+    a new draw per sequence) holding data tokens drawn uniformly and the rest
+    noise, then n_tokens markers. y holds the data tokens in the order they
+    occur. Where the data sit changes from sequence to sequence, so a layer
+    whose kernel is the same for every input cannot fetch them by position:
+    it must decide by content what to keep.
+
+    Returns (x, y): x int32 of shape (n, seq_len), y int32 of shape (n, n_tokens).
+    """
+    checks.positive_int(n, "n")
+    checks.positive_int(n_tokens, "n_tokens")
+    checks.positive_int(seq_len, "seq_len", minimum=2 * n_tokens)
+    checks.positive_int(vocab_size, "vocab_size", minimum=3)
+    noise, marker = vocab_size - 2, vocab_size - 1
+    region = seq_len - n_tokens
+    # n_tokens distinct positions per row, in increasing order: the first
+    # n_tokens of a random permutation of the region, sorted
+    where = np.sort(np.argsort(rng.random((n, region)), axis=1)[:, :n_tokens], axis=1)
+    y = rng.integers(0, noise, size=(n, n_tokens))
+    x = np.full((n, seq_len), noise)
+    x[np.arange(n)[:, None], where] = y
+    x[:, region:] = marker
     return x.astype(np.int32), y.astype(np.int32)
 
 

@@ -34,7 +34,8 @@ def item_losses(model, x, y=None):
     """Per item, the negative log-likelihood of its target and whether the
     most likely class is the target (1.0 or 0.0).
 
-    With y (classification): one item per sequence, its label y (batch,).
+    With y (classification): one item per sequence, its label y (batch,), or
+    one per answer token, y (batch, K) (`models.LastTokenModel` with answer_len).
     Without y (next-step prediction on integer tokens x (batch, L)): one item
     per token, in nats.
     """
@@ -147,7 +148,8 @@ def evaluate(model, x, y=None, batch_size=256, mesh=None):
             xb = put(fill_batch(x[start:start + size], size))
             yb = None if y is None else put(fill_batch(y[start:start + size], size))
             totals += np.array([float(s) for s in _eval_sums(model, xb, yb, m)])
-    items = n * (int(np.prod(np.shape(x)[1:])) if y is None else 1)   # tokens, or sequences
+    # items: tokens of a next-step model, or targets (one per sequence, or an answer span)
+    items = n * int(np.prod(np.shape(x if y is None else y)[1:]))
     return {"loss": totals[0] / items, "accuracy": totals[1] / items}
 
 

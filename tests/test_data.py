@@ -14,7 +14,7 @@ import pytest
 
 from annotated_s4 import data
 from annotated_s4.tasks import (associative_recall, delayed_recall, induction_head,
-                                most_frequent_token)
+                                most_frequent_token, selective_copying)
 
 
 # --- digits -------------------------------------------------------------------
@@ -298,13 +298,35 @@ def test_delayed_recall_structure():
     assert len(np.unique(y)) == 8 and len(np.unique(x[:, 1:])) == 8
 
 
+def test_selective_copying_structure():
+    x, y = selective_copying(np.random.default_rng(4), 500, seq_len=40, vocab_size=10, n_tokens=6)
+    assert x.shape == (500, 40) and y.shape == (500, 6)
+    assert x.dtype == np.int32 and y.dtype == np.int32
+    noise, marker = 8, 9
+    assert (x[:, -6:] == marker).all() and (x[:, :-6] != marker).all()   # markers at the end only
+    region = x[:, :-6]
+    assert ((region != noise).sum(1) == 6).all()                          # six data tokens each
+    # y is the data tokens in the order they occur
+    assert (region[region != noise].reshape(500, 6) == y).all()
+    assert (y < noise).all() and len(np.unique(y)) == 8
+    # the positions change from sequence to sequence, and cover the region
+    where = np.argwhere(region != noise)[:, 1]
+    assert len(np.unique(where)) == 34
+    assert len({tuple(np.flatnonzero(r != noise)) for r in region}) > 450
+    with pytest.raises(ValueError, match="seq_len must be an int >= 12"):
+        selective_copying(np.random.default_rng(0), 3, seq_len=11, n_tokens=6)
+    with pytest.raises(ValueError, match="n_tokens"):
+        selective_copying(np.random.default_rng(0), 3, n_tokens=0)
+
+
 def test_tasks_are_deterministic():
     a = associative_recall(np.random.default_rng(3), 10)
     b = associative_recall(np.random.default_rng(3), 10)
     assert all((p == q).all() for p, q in zip(a, b))
 
 
-@pytest.mark.parametrize("gen", [induction_head, associative_recall, delayed_recall])
+@pytest.mark.parametrize("gen", [induction_head, associative_recall, delayed_recall,
+                                 selective_copying])
 def test_task_bad_arguments(gen):
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="n must be a positive int"):

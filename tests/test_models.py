@@ -77,6 +77,34 @@ def test_last_token_model_sees_whole_input():
     assert not jnp.allclose(out, model(x.at[:, -1].set(3)), atol=1e-6)
 
 
+@jax.default_matmul_precision("float32")
+def test_answer_span_model_reads_up_to_each_marker():
+    """With answer_len K, answer i is predicted from x_0 .. x_{L-K+i}: it changes with
+    the marker before it and not with any later token; evaluate counts n K items."""
+    V, L, K = 6, 10, 3
+    inner = StackedModel(lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4), V, 8, 1,
+                         rngs=nnx.Rngs(0), vocab_size=V, classification=False)
+    model = LastTokenModel(inner, answer_len=K)
+    x = jnp.asarray(np.random.default_rng(0).integers(0, V, size=(2, L)), jnp.int32)
+    out = model(x)
+    assert out.shape == (2, K, V)
+    for i in range(K):
+        later = model(x.at[:, L - K + i + 1:].set((x[:, L - K + i + 1:] + 1) % V))
+        np.testing.assert_allclose(later[:, :i + 1], out[:, :i + 1], atol=1e-6)
+        here = model(x.at[:, L - K + i].set((x[:, L - K + i] + 1) % V))
+        assert not np.allclose(here[:, i], out[:, i], atol=1e-6)
+    y = jnp.asarray([[0, 1, 2], [3, 4, 5]], jnp.int32)
+    nll, right = train.item_losses(model, x, y)
+    assert nll.shape == right.shape == (2, K)
+    scored = train.evaluate(model, np.asarray(x), np.asarray(y), batch_size=2)
+    assert scored["loss"] == pytest.approx(float(nll.mean()), rel=1e-6)
+    assert scored["accuracy"] == pytest.approx(float(right.mean()), abs=1e-7)
+    with pytest.raises(ValueError, match="answer_len"):
+        LastTokenModel(inner, answer_len=L + 1)(x)
+    with pytest.raises(TypeError, match="answer_len must be an int"):
+        LastTokenModel(inner, answer_len=1.5)
+
+
 def test_hybrid_alternates_and_restarts_per_model():
     make_h3 = lambda H, rngs: H3Layer(H, rngs=rngs, head_dim=4, state_size=4)
     make_attn = lambda H, rngs: CausalSelfAttention(H, rngs=rngs, n_heads=2, max_len=16)

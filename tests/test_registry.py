@@ -138,3 +138,17 @@ def test_independent_state_matrices_are_an_option():
     with pytest.raises(ValueError, match="--independent is not an option of --layer s4d; "
                                          "it is an option of --layer s4 "):
         runner.run(_args(["--steps", "1", "--layer", "s4d", "--independent"]), log=None)
+
+
+def test_selective_copying_is_scored_on_its_answer_span():
+    config = registry.parse(["--dataset", "selective-copying", "--layer", "s4d", "--n-layers", "1",
+                             "--d-model", "8"])
+    seq_len, vocab = registry.RECALL_DEFAULTS["selective-copying"]
+    assert (config.seq_len, config.vocab_size) == (seq_len, vocab)
+    data = registry.load_dataset(config)
+    K = data["answer_len"]
+    assert data["x_train"].shape == (5000, seq_len) and data["y_train"].shape == (5000, K)
+    model = registry.build_model(config, data)
+    # one prediction per marker: (batch, K, vocab), the label's shape plus the classes
+    assert model(data["x_test"][:3]).shape == (3, K, vocab)
+    assert registry.DATASET_HELP["selective-copying"].startswith(f"copy {K} data tokens")
