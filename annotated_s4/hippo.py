@@ -68,13 +68,15 @@ def make_DPLR_HiPPO(N, conj=False):
     A = V (diag(Lambda) - P P^*) V^*, where P and B are expressed in that basis.
 
     S = A + P P^T = -1/2 I + K with K skew-symmetric, so S is normal with
-    eigenvalues -1/2 + i w. -i S itself is not Hermitian (its diagonal is i/2),
-    but -i K = -i (S + I/2) is: we diagonalise it with `eigh` (exact to
-    rounding, with an orthonormal V), whose real eigenvalues are the w.
+    eigenvalues -1/2 + i Lambda_imag. -i S itself is not Hermitian (its diagonal
+    is i/2), but -i K = -i (S + I/2) is: we diagonalise it with `eigh` (exact
+    to rounding, with an orthonormal V), whose real eigenvalues are Lambda_imag.
+    (`eigh` reads one triangle and takes the diagonal as real, so eigh(-i S),
+    as the Annotated S4 and the S4 authors' code write it, gives the same.)
 
     conj=True (N even): S is real, so its eigenvalues and eigenvectors come in
     conjugate pairs (A itself is lower triangular, with the real eigenvalues
-    -1, ..., -N). Only the N/2 modes with w > 0 are returned (V has shape
+    -1, ..., -N). Only the N/2 modes with Lambda_imag > 0 are returned (V has shape
     (N, N/2)); the other N/2 are their conjugates, V_full = [V, conj(V)].
     """
     A, P, B = make_NPLR_HiPPO(N)
@@ -86,7 +88,7 @@ def make_DPLR_HiPPO(N, conj=False):
     if conj:
         if N % 2:
             raise ValueError(f"N must be even for conjugate pairs, got {N}")
-        # eigh sorts w ascending and the w come in pairs +-w, none zero for even N
+        # eigh sorts Lambda_imag ascending: pairs +-theta, none zero for even N
         Lambda_real, Lambda_imag, V = Lambda_real[N // 2:], Lambda_imag[N // 2:], V[:, N // 2:]
     P = V.conj().T @ P
     B = V.conj().T @ B

@@ -84,6 +84,20 @@ def test_dplr_eigenvalues_come_from_a_hermitian_matrix():
     assert np.allclose(np.sort(np.linalg.eigvalsh(H)), np.sort(Lambda.imag), atol=1e-10)
 
 
+def test_eigh_of_minus_i_S_reads_it_as_minus_i_J():
+    """eigh(-i S), as the Annotated S4 and the S4 authors' code call it, ignores the
+    imaginary diagonal i/2 of -i S: it returns the eigenpairs of the Hermitian -i J."""
+    N = 16
+    A, P0, _ = make_NPLR_HiPPO(N)
+    S = A + np.outer(P0, P0)
+    theta, V = np.linalg.eigh(-1j * S)
+    Lambda, _, _, _ = make_DPLR_HiPPO(N)
+    assert np.allclose(theta, Lambda.imag, atol=1e-12)
+    assert np.allclose(S @ V, V * (-0.5 + 1j * theta), atol=1e-10)   # eigenpairs of S itself
+    # the diagonal's imaginary part is what eigh drops: change it and nothing moves
+    assert np.allclose(np.linalg.eigvalsh(-1j * S + 5j * np.eye(N)), theta, atol=1e-12)
+
+
 def test_history_matrix_matches_online_run_and_is_orthogonal():
     N, t = 8, 200
     u = np.random.RandomState(0).randn(t)
