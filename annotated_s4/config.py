@@ -57,15 +57,10 @@ class RunConfig:
     layer_options: LayerOptions | None = _option(None, "the layer's options", _MODEL, cli=False)
     n_layers: int = _option(2, "number of residual blocks", _MODEL)
     d_model: int = _option(32, "width H of the model (channels of every block)", _MODEL)
-    vocab_size: int | None = _option(None, "vocabulary of the recall tasks (default: 20 for "
-                                     "induction-head, 10 for associative-recall, as in the "
-                                     "H3 paper; 16 for delayed-recall, 10 for "
-                                     "selective-copying)", _MODEL)
-    seq_len: int | None = _option(None, "sequence length of the recall tasks (default: 30 "
-                                  "for induction-head, 20 for associative-recall, 256 for "
-                                  "delayed-recall, 64 for selective-copying) and of the "
-                                  "charlm windows (default 128)",
-                                  _MODEL)
+    vocab_size: int | None = _option(None, "vocabulary of the recall tasks (default: the "
+                                     "task's, listed with the datasets below)", _MODEL)
+    seq_len: int | None = _option(None, "sequence length of the recall tasks and of the charlm "
+                                  "windows (default: the dataset's, listed below)", _MODEL)
     seed_data: int = _option(0, "seed of the train/test split (or of the generated data)",
                              _MODEL)
     steps: int = _option(500, "training steps", _TRAINING)

@@ -192,10 +192,19 @@ def layer_parser(layer):
     return parser
 
 
+def _default_sizes(dataset):
+    """The --seq-len and --vocab-size a dataset takes when they are not given."""
+    if dataset in RECALL_DEFAULTS:
+        return " (default --seq-len %d, --vocab-size %d)" % RECALL_DEFAULTS[dataset]
+    if dataset == "charlm":
+        return f" (default --seq-len {CHARLM_DEFAULTS['seq_len']})"
+    return ""
+
+
 def epilog(width=88):
     """The help's last part: the datasets, then each layer's options."""
     datasets = textwrap.fill("datasets: " + "; ".join(
-        f"{name}: {DATASET_HELP[name]}" for name in sorted(DATASETS)), width)
+        f"{name}: {DATASET_HELP[name]}{_default_sizes(name)}" for name in sorted(DATASETS)), width)
     layers = [layer_parser(name).format_help().strip()  # empty for a layer without options
               or f"--layer {name}: {LAYERS[name].help} (no options)" for name in LAYERS]
     return "\n\n".join([datasets, "the options of each layer (after --layer NAME):", *layers])
@@ -212,10 +221,10 @@ DATASET_HELP = {
     "mnist": "784-step sequential MNIST (needs a download)",
     "induction-head": "H3's induction-head recall task, scored on the final position",
     "associative-recall": "H3's other synthetic recall task",
-    "delayed-recall": "name the first token after seq-len - 1 others (the memory "
-                      "experiment)",
+    "delayed-recall": "the memory experiment: name the first token after seq-len - 1 "
+                      "others",
     "selective-copying": "copy 8 data tokens scattered among noise, in order, one "
-                         "after each of 8 markers (Mamba's selective copying)",
+                         "after each of 8 markers: Mamba's selective copying",
     "charlm": "characters of the Python documentation",
 }
 
