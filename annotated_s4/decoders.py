@@ -117,7 +117,9 @@ class SSMDecoder(_Decoder):
     table of the N roots of unity at the integer index p_k = ik mod N, carried
     in the state and advanced by p_k <- (p_k + k) mod N. No power of a rounded
     root is ever formed, so the error is that of a running (decaying) sum, not
-    of a compounding rotation. The cost per token stays O(h d).
+    of a compounding rotation. A decay gamma is still a float32 number here:
+    its rounding compounds into gamma^i (1 + i delta), delta <= 2^-24, which a
+    slow decay over a long sequence shows. The cost per token stays O(h d).
     """
 
     def __init__(self, lambd, b, exact_phase=True, *, grid=None):

@@ -62,7 +62,11 @@ def etsc(t, decay=None, half=False):
     lambd_k = gamma * omega^k, omega = exp(2 pi i/(n+1)), k = 1..n, shared by
     every channel; b (n,) or (n, d) complex. With ``decay=gamma`` in (0, 1] the
     kernel is read as t_i = gamma^i r_i (TNN's exponential decay) and r is
-    converted, so the SSM decays, and so does its echo beyond lag n.
+    converted, so the SSM decays, and so does its echo beyond lag n. In
+    float32, lambd carries gamma rounded to float32 (relative error delta <=
+    2^-24), so the kernel of the returned SSM is t_i (1 + i delta) to first
+    order: evaluate with the exact gamma, ``etsc_kernel(b, n, decay=gamma)``,
+    as the long-convolution layers do, where a slow decay meets a long kernel.
 
     ``half=True``: t is real, so b_{n+1-k} = conj(b_k) and lambd too; keep the
     modes k = 1..ceil(n/2) and double b_k for each conjugate pair (k = (n+1)/2,
@@ -132,8 +136,11 @@ def ssm_to_toeplitz(lambd, b, n):
     few roundings of lambd, and evaluates the grid lambd rounds to) the
     exponent is known exactly,
     omega^{ik} = omega^{(ik mod N)}, and the sum over k is an inverse DFT, which
-    computes every phase from the integer ik mod N: `etsc_kernel`. Any other
-    lambd is evaluated as exp(i log lambd) chunk by chunk.
+    computes every phase from the integer ik mod N: `etsc_kernel`. A decayed
+    grid is evaluated with the gamma its lambd carries, rounded to lambd's
+    dtype, whose i-th power is off by about i eps (`etsc_kernel` with the
+    exact decay avoids that). Any other lambd is evaluated as exp(i log lambd)
+    chunk by chunk.
     """
     lambd, b = checks.diagonal_ssm(lambd, b)
     n = checks.positive_int(n, "n")

@@ -410,3 +410,23 @@ def test_tnn_converts_its_network_directly_past_float32_decay_range():
     long = layer.to_ssm(9000, decay=0.99)
     assert bool(jnp.all(jnp.isfinite(long.b[...])))
     assert rel(long.kernel(256), layer.kernel(256)) < 1e-3
+
+
+def test_decayed_float32_lambda_rounds_gamma_and_exact_gamma_does_not():
+    """In float32 the decayed grid's lambd carries a rounded gamma: the kernel
+    read off lambd is t_i (gamma_read / gamma)^i, off by about i delta, while the
+    same b evaluated with the exact gamma (as the long-convolution layers do)
+    is exact to float32 rounding."""
+    from annotated_s4.toeplitz import etsc_grid
+    n, gamma = 8192, 0.999
+    r = np.random.default_rng(6).standard_normal(n)
+    t = jnp.asarray(r * gamma ** np.arange(n), jnp.float32)
+    lambd, b = etsc(t, decay=gamma)
+    gamma_read = etsc_grid(lambd)[1]
+    assert gamma_read != gamma and abs(gamma_read / gamma - 1) <= 2.0 ** -23
+    from_lambda = ssm_to_toeplitz(lambd, b, n)
+    exact = rel(etsc_kernel(b, n, decay=gamma), t)
+    assert exact <= 1e-6
+    assert rel(from_lambda, t) > 10 * exact  # the rounded gamma's powers show
+    drift = jnp.asarray(t * (gamma_read / gamma) ** np.arange(n), jnp.float32)
+    assert rel(from_lambda, drift) <= 1e-6  # and they are the whole difference
