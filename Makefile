@@ -26,8 +26,10 @@ $(STAMP): requirements.txt pyproject.toml
 	@if [ -x $(PY) ] && [ "$$($(PY) -c 'import sys; print(sys.version_info[:2])')" != \
 		"$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" ]; then rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -e .
+	@# --no-compile: pip would byte-compile every file of every package (two thirds of
+	@# its time); Python compiles the modules that are imported, once, on first import
+	$(PY) -m pip install -q --no-compile -r requirements.txt
+	$(PY) -m pip install -q --no-compile --no-deps -e .
 	touch $(STAMP)
 
 install: $(STAMP)
