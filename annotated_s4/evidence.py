@@ -19,6 +19,7 @@ import numpy as np
 from scipy import stats
 
 from . import _checks
+from .measure import RECORDED_BATCH
 from .runner import compare, held_out_items, kept_items, load_run, metrics_of_items
 from .runs import command, locate
 
@@ -35,11 +36,12 @@ def reevaluate_classifier(name):
     return {**run, "recomputed": metrics, "right": items["right"]}
 
 
-def reproduced(name, directory, model, data, run):
-    """(items, metrics) of the loaded run `name` on its held-out set; raises
-    ValueError, naming the command that re-makes it, if the metrics differ
-    from the recorded ones by more than float32 rounding explains."""
-    items = held_out_items(directory, model, data)
+def reproduced(name, directory, model, data, run, batch_size=RECORDED_BATCH):
+    """(items, metrics) of the loaded run `name` on its held-out set (scored in
+    batches of `batch_size`); raises ValueError, naming the command that
+    re-makes it, if the metrics differ from the recorded ones by more than
+    float32 rounding explains."""
+    items = held_out_items(directory, model, data, batch_size)
     metrics = metrics_of_items(items, data)
     bad = compare(run["metrics"], metrics)
     if bad:
@@ -197,7 +199,11 @@ def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_wind
     set beside the held-out loss. Raises ValueError if the recomputed metrics
     differ from the recorded ones by more than float32 rounding explains
     (naming the command that re-makes the run), or if the run's seed or corpus
-    is not `seed` / `corpus_sha256` (when given)."""
+    is not `seed` / `corpus_sha256` (when given).
+
+    Both sets of windows are scored in batches of min(RECORDED_BATCH,
+    train_windows), so that one compiled program scores both (and every run of
+    the same architecture): an item's statistics do not depend on its batch."""
     if not (isinstance(train_windows, int) and train_windows >= 1):
         raise ValueError(f"train_windows must be a positive int, got {train_windows!r}")
     directory = locate(name)
@@ -211,9 +217,10 @@ def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_wind
     if corpus_sha256 is not None and config.get("corpus_sha256") != corpus_sha256:
         raise ValueError(f"{name} was trained on another corpus "
                          f"(sha256 {config.get('corpus_sha256')}, not {corpus_sha256})")
-    items, metrics = reproduced(name, directory, model, data, run)
+    batch = min(RECORDED_BATCH, train_windows)
+    items, metrics = reproduced(name, directory, model, data, run, batch)
     nll = np.asarray(items["nll"], np.float64)                      # (windows, tokens)
-    train = kept_items(directory, model, data["x_train"][:train_windows])
+    train = kept_items(directory, model, data["x_train"][:train_windows], batch_size=batch)
     bits = 1 / np.log(2)
     return {**run, "model": model, "recomputed": metrics, "window_bits": nll.mean(1) * bits,
             "train_bits": float(np.asarray(train["nll"], np.float64).mean() * bits)}

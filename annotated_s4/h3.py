@@ -291,8 +291,8 @@ class H3Layer(nnx.Module):
                 f"chunk_size must divide L = {u.shape[1]}, got {chunk_size}")
         state = self.init_state(u.shape[0])
         outs = []
-        for s in range(0, u.shape[1], chunk_size):
-            y, state = self.chunk(u[:, s:s + chunk_size], state)
+        for piece in jnp.split(u, u.shape[1] // chunk_size, axis=1):
+            y, state = _run_chunk(self, piece, state)  # `chunk`, compiled once per shape
             outs.append(y)
         return jnp.concatenate(outs, axis=1)
 
@@ -318,6 +318,13 @@ class H3Layer(nnx.Module):
         y = y + self.diag.D[...][:, None, None] * kv
         o = jnp.einsum("bhi,bhij->bhj", q, y).reshape(u_t.shape)
         return self.W_O(o)
+
+
+@nnx.jit
+def _run_chunk(layer, u, state):
+    """`layer.chunk(u, state)` as one compiled program (run op by op, each of
+    its operations would be compiled on its own, for every chunk length)."""
+    return layer.chunk(u, state)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -241,9 +241,10 @@ def _source_digest():
     return h.digest()
 
 
-def _evaluation_key(directory, x, y):
+def _evaluation_key(directory, x, y, batch_size):
     """A digest of everything a run's statistics on x, y depend on: its
-    checkpoint and config, the items, the package's source (`_source_digest`),
+    checkpoint and config, the items, the batch they were scored in (which may
+    move a statistic by a rounding), the package's source (`_source_digest`),
     the library versions, the device, and whether TF32 is emulated."""
     import importlib.metadata as md
     h = hashlib.sha256()
@@ -252,6 +253,7 @@ def _evaluation_key(directory, x, y):
             h.update(f.read())
     for a in (x, y):
         h.update(b"-" if a is None else np.ascontiguousarray(a).tobytes())
+    h.update(f"batch {batch_size}".encode())
     h.update(_source_digest())
     device = jax.devices()[0]
     h.update(repr([md.version(p) for p in ("jax", "jaxlib", "flax", "numpy")]
@@ -273,25 +275,26 @@ def _locked(path):
                 fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def held_out_items(directory, model, data):
+def held_out_items(directory, model, data, batch_size=RECORDED_BATCH):
     """`measure_items` of a loaded run (`load_run`) on its test set, at float32
     matmul precision, kept as `kept_items` keeps them."""
-    return kept_items(directory, model, data["x_test"], data["y_test"])
+    return kept_items(directory, model, data["x_test"], data["y_test"], batch_size)
 
 
-def kept_items(directory, model, x, y=None):
-    """`measure_items` of the loaded run in `directory` on x, y, at float32
-    matmul precision. Kept in the folder that $ANNOTATED_S4_EVAL_CACHE names,
-    if set, under a digest of everything they depend on (`_evaluation_key`)."""
+def kept_items(directory, model, x, y=None, batch_size=RECORDED_BATCH):
+    """`measure_items` of the loaded run in `directory` on x, y (in batches of
+    `batch_size`), at float32 matmul precision. Kept in the folder that
+    $ANNOTATED_S4_EVAL_CACHE names, if set, under a digest of everything they
+    depend on (`_evaluation_key`)."""
     def measure():
         with jax.default_matmul_precision("float32"):
-            return measure_items(model, x, y)
+            return measure_items(model, x, y, batch_size)
 
     folder = os.environ.get(EVAL_CACHE)
     if not folder:
         return measure()
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, _evaluation_key(directory, x, y) + ".npz")
+    path = os.path.join(folder, _evaluation_key(directory, x, y, batch_size) + ".npz")
     with _locked(path + ".lock"):   # a second worker waits for the first's result
         if not os.path.exists(path):
             items = measure()

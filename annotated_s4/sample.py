@@ -136,13 +136,14 @@ def generate(model, length, *, key, batch_size=None, prefix=None, temperature=1.
     out = []
     with eval_mode(model):
         model.init_cache(batch_size)
-        step, sample_step = _bound(_step, model), _bound(_sample_step, model)
+        sample_step = _bound(_sample_step, model)
         for t in range(length):
+            # read the previous token into the state and draw token t; inside the
+            # prefix the draw gives way to the prefix's token (one compiled
+            # program for both, and draw t depends on t alone, not on the prefix)
+            token = sample_step(token, key, t, temperature)
             if t < n_prefix:
-                step(token)  # read the previous token into the state
                 token = prefix[:, t]
-            else:
-                token = sample_step(token, key, t, temperature)
             out.append(token)
     return _stack(out)
 
