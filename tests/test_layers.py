@@ -134,19 +134,21 @@ def test_layer_contract(name):
     equals CNN mode; causal and batch-independent; max_len enforced."""
     layer = CONTRACT[name](WIDTH, rngs=nnx.Rngs(0))
     u = jax.random.normal(jax.random.PRNGKey(1), (BATCH, L, WIDTH))
-    y = nnx.jit(lambda layer, u: layer(u))(layer, u)
+    jitted = nnx.jit(lambda layer, u: layer(u))
+    y = jitted(layer, u)
     assert y.shape == (BATCH, L, WIDTH)
     scale = float(jnp.abs(y).max())
     np.testing.assert_allclose(layer(u), y, atol=1e-5 * scale)
     np.testing.assert_allclose(_rnn(layer, u), y, atol=1e-4 * scale)
     # changing sequence 1 from step 10 on changes neither sequence 0 nor
-    # sequence 1's outputs before step 10
-    y2 = layer(u.at[1, 10:].set(0.0))
+    # sequence 1's outputs before step 10 (the program compiled above: the
+    # eager mode is checked against it once, above)
+    y2 = jitted(layer, u.at[1, 10:].set(0.0))
     np.testing.assert_allclose(y2[0], y[0], atol=1e-5 * scale)
     np.testing.assert_allclose(y2[1, :10], y[1, :10], atol=1e-5 * scale)
     assert not np.allclose(y2[1, 10:], y[1, 10:], atol=1e-3 * scale)
-    if layer.max_len is None:
-        assert layer(jnp.zeros((1, 2 * L, WIDTH))).shape == (1, 2 * L, WIDTH)
+    if layer.max_len is None:   # compiled: eagerly, every operation would compile anew at 2L
+        assert jitted(layer, jnp.zeros((1, 2 * L, WIDTH))).shape == (1, 2 * L, WIDTH)
     else:
         assert layer.max_len == L
         with pytest.raises(ValueError, match="max_len"):
@@ -209,75 +211,53 @@ def test_s4_kernel_length_is_at_most_L():
         layer.kernel(0)
 
 
-_F64_CNN_RNN = """
-import functools, jax, jax.numpy as jnp
-jax.config.update("jax_enable_x64", True)
-from flax import nnx
-from annotated_s4.layers import S4DLayer, S4Layer
-u = jax.random.normal(jax.random.PRNGKey(1), (2, 64, 3))
-for make in [functools.partial(S4Layer, N=16, L=64),
-             functools.partial(S4DLayer, N=16, L=64, init="lin"),
-             functools.partial(S4DLayer, N=16, L=64, init="inv")]:
-    layer = make(3, rngs=nnx.Rngs(0))
-    assert layer.C[...].dtype == jnp.float64 and layer.Lambda_im[...].dtype == jnp.float64
-    y_cnn = layer(u)
-    layer.init_cache(2)
-    assert layer.cache[...].dtype == jnp.complex128
-    y_rnn = jnp.stack([layer.step(u[:, k]) for k in range(64)], axis=1)
-    assert y_cnn.dtype == y_rnn.dtype == jnp.float64
-    err = float(jnp.abs(y_cnn - y_rnn).max() / jnp.abs(y_cnn).max())
-    assert err < 1e-10, (type(layer).__name__, err)
-print("ok")
-"""
-
-
-_F64_STEP = """
-import jax, jax.numpy as jnp, numpy as np
-jax.config.update("jax_enable_x64", True)
-from flax import nnx
-from annotated_s4.layers import S4Layer
-from annotated_s4.s4 import discrete_DPLR, unfold_conj
-H, N, L = 3, 16, 64
-layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
-u = jax.random.normal(jax.random.PRNGKey(1), (2, L, H))
-layer.init_cache(2)
-assert layer.cache[...].shape == (2, H, N // 2)
-y_fast = jnp.stack([layer.step(u[:, k]) for k in range(L)], axis=1)
-# the dense step: Ab (H, N, N) over all N modes, unfolded from the N/2 stored ones
-Lambda, P, B, C, step = layer.ssm_params()
-Ab, Bb, Cb = jax.vmap(lambda C, s: discrete_DPLR(*unfold_conj(Lambda, P, P, B, C), s, L))(C, step)
-x = jnp.zeros((2, H, N), complex)
-ys = []
-for k in range(L):
-    x = jnp.einsum("hnm,bhm->bhn", Ab, x) + Bb[..., 0] * u[:, k, :, None]
-    ys.append(jnp.einsum("hn,bhn->bh", Cb[:, 0], x).real + layer.D[...] * u[:, k])
-y_dense = jnp.stack(ys, axis=1)
-err = float(jnp.abs(y_fast - y_dense).max() / jnp.abs(y_dense).max())
-assert err < 1e-10, err
-print("ok", err)
-"""
+# The float64 checks run in this process, under `jax.enable_x64` (the package
+# keeps no arrays between calls, so nothing made here outlives the block).
 
 
 def test_O_N_step_equals_dense_step_float64():
     """S4Layer.step (diagonal plus rank one, O(N)) == the dense Ab step, 1e-10 in float64."""
-    import subprocess
-    import sys
+    from annotated_s4.s4 import discrete_DPLR, unfold_conj
 
-    out = subprocess.run([sys.executable, "-c", _F64_STEP], capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().startswith("ok")
+    H, N, L = 3, 16, 64
+    with jax.enable_x64():
+        layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
+        u = jax.random.normal(jax.random.PRNGKey(1), (2, L, H))
+        layer.init_cache(2)
+        assert layer.cache[...].shape == (2, H, N // 2)
+        assert layer.cache[...].dtype == jnp.complex128
+        y_fast = jnp.stack([layer.step(u[:, k]) for k in range(L)], axis=1)
+        # the dense step: Ab (H, N, N) over all N modes, unfolded from the N/2 stored ones
+        Lambda, P, B, C, step = layer.ssm_params()
+        Ab, Bb, Cb = jax.vmap(lambda C, s: discrete_DPLR(*unfold_conj(Lambda, P, P, B, C), s, L))(
+            C, step)
+        x = jnp.zeros((2, H, N), complex)
+        ys = []
+        for k in range(L):
+            x = jnp.einsum("hnm,bhm->bhn", Ab, x) + Bb[..., 0] * u[:, k, :, None]
+            ys.append(jnp.einsum("hn,bhn->bh", Cb[:, 0], x).real + layer.D[...] * u[:, k])
+        y_dense = jnp.stack(ys, axis=1)
+        assert y_dense.dtype == jnp.float64
+        err = float(jnp.abs(y_fast - y_dense).max() / jnp.abs(y_dense).max())
+    assert err < 1e-10, err
 
 
 def test_cnn_equals_rnn_float64():
     """In float64 the two modes agree to 1e-10 relative: the float32 gap is rounding."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _F64_CNN_RNN], capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().endswith("ok")
+    with jax.enable_x64():
+        u = jax.random.normal(jax.random.PRNGKey(1), (2, 64, 3))
+        for make in [functools.partial(S4Layer, N=16, L=64),
+                     functools.partial(S4DLayer, N=16, L=64, init="lin"),
+                     functools.partial(S4DLayer, N=16, L=64, init="inv")]:
+            layer = make(3, rngs=nnx.Rngs(0))
+            assert layer.C[...].dtype == jnp.float64 and layer.Lambda_im[...].dtype == jnp.float64
+            y_cnn = layer(u)
+            layer.init_cache(2)
+            assert layer.cache[...].dtype == jnp.complex128
+            y_rnn = jnp.stack([layer.step(u[:, k]) for k in range(64)], axis=1)
+            assert y_cnn.dtype == y_rnn.dtype == jnp.float64
+            err = float(jnp.abs(y_cnn - y_rnn).max() / jnp.abs(y_cnn).max())
+            assert err < 1e-10, (type(layer).__name__, err)
 
 
 def test_params_follow_default_float_dtype():

@@ -1,14 +1,13 @@
 """Tests for annotated_s4.registry: datasets and layers by name, the models they build."""
 
-import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from annotated_s4 import registry, runner
-from annotated_s4.catalog import LayerEntry, flag, option_type
-from conftest import TINY
+from annotated_s4.catalog import LayerEntry
+from conftest import TINY, one_step as _one_step, tiny_options
 
 
 def _args(extra):
@@ -76,26 +75,6 @@ def test_token_layers_train_on_the_recall_tasks(tmp_path, layer, dataset):
 _TOKEN_TASKS = [("induction-head", ["--seq-len", "12", "--vocab-size", "6"]),
                 ("associative-recall", ["--seq-len", "10", "--vocab-size", "4"]),
                 ("charlm", ["--seq-len", "16"])]
-
-
-def tiny_options(layer):
-    """Command-line options that make `layer` small: each of its int options
-    at most 4 (a state size, a head dimension, a number of heads); an int
-    option whose default is None (chosen by the layer) keeps it."""
-    options = registry.LAYERS[layer].options
-    return [arg for f in dataclasses.fields(options)
-            if option_type(options, f.name) is int and f.default is not None and f.default > 4
-            for arg in (flag(f.name), "4")]
-
-
-def _one_step(layer, dataset, extra=()):
-    """The options of one training step of `layer` (at `tiny_options`) on
-    `dataset`. On digits, a layer of a state size (ssm, s4) is then the
-    conftest's TINY run (its programs are compiled once for all the tests
-    that run TINY for at most two steps, the tests below included)."""
-    return (["--dataset", dataset, "--layer", layer, "--n-layers", "1", "--d-model", "8",
-             "--batch-size", "16", "--lr", "1e-2", "--steps", "1"]
-            + tiny_options(layer) + list(extra))
 
 
 @pytest.mark.parametrize("i,layer", list(enumerate(sorted(registry.LAYERS))))

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from annotated_s4 import cli, registry, runner, train
-from conftest import TINY
+from conftest import TINY, one_step
 
 
 def _args(extra):
@@ -70,11 +70,15 @@ def test_resume_refuses_a_different_configuration(tmp_path):
 
 
 def test_resume_refuses_other_head_count(tmp_path):
-    base = ["--dataset", "associative-recall", "--layer", "attention", "--d-model", "16",
-            "--batch-size", "16", "--steps", "2", "--out", str(tmp_path)]
-    runner.run(registry.parse(base + ["--n-heads", "2"]), log=None)
+    # the token run of test_registry's test_every_layer_trains_on_both_kinds_of_data
+    # [attention] (its programs are compiled once): 4 heads, the layer's default
+    base = one_step("attention", "induction-head",
+                    ["--n-layers", "1", "--seq-len", "12", "--vocab-size", "6",
+                     "--out", str(tmp_path)])
+    runner.run(registry.parse(base), log=None)
+    assert registry.parse(base).layer_options.n_heads == 4
     with pytest.raises(ValueError, match="n_heads"):
-        runner.run(registry.parse(base + ["--n-heads", "4", "--resume"]),
+        runner.run(registry.parse(base + ["--n-heads", "2", "--resume"]),
                   log=None)
 
 
