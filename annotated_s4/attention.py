@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
+from ._types import Array, Float
 from .catalog import LayerOptions, option, register_layer
 from .h3 import H3Options, build_h3
 from .layers import Linear
@@ -253,7 +254,7 @@ class CausalSelfAttention(nnx.Module):
         shape = (*x.shape[:-1], self.n_heads, self.head_dim)
         return q.reshape(shape), k.reshape(shape), v.reshape(shape)
 
-    def __call__(self, u):
+    def __call__(self, u: Float[Array, "batch L H"]) -> Float[Array, "batch L H"]:
         checks.max_length(checks.sequence(u, self.H), self.max_len)
         L = u.shape[1]
         q, k, v = self._split(u)                                    # (b, L, h, d)
@@ -274,7 +275,7 @@ class CausalSelfAttention(nnx.Module):
         self.v_cache = nnx.Cache(jnp.zeros(shape))
         self.cache = nnx.Cache(jnp.zeros((), jnp.int32))             # next position
 
-    def step(self, u_t):
+    def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         checks.step_input(u_t, self.H, self.cache)
         t = self.cache[...]
         if not isinstance(t, jax.core.Tracer) and int(t) >= self.max_len:

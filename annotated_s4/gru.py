@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
+from ._types import Array, Float
 from .catalog import LayerOptions, register_layer
 
 __all__ = ["GRULayer"]
@@ -36,7 +37,7 @@ class GRULayer(nnx.Module):
         self.cell = nnx.GRUCell(H, H, rngs=rngs)
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
-    def __call__(self, u):
+    def __call__(self, u: Float[Array, "batch L H"]) -> Float[Array, "batch L H"]:
         checks.max_length(checks.sequence(u, self.H), self.max_len)
         h0 = jnp.zeros((u.shape[0], self.H), u.dtype)
         _, y = jax.lax.scan(self.cell, h0, jnp.swapaxes(u, 0, 1))  # time-major scan
@@ -45,7 +46,7 @@ class GRULayer(nnx.Module):
     def init_cache(self, batch_size):
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H)))
 
-    def step(self, u_t):
+    def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         checks.step_input(u_t, self.H, self.cache)
         h, _ = self.cell(self.cache[...], u_t)
         self.cache[...] = h

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
+from ._types import Array, Float
 from .catalog import option, register_layer
 from .layers import Linear, S4DLayer, SSMOptions, scale_channels
 from .ssm import causal_convolution
@@ -152,7 +153,7 @@ class ShiftSSM(nnx.Module):
     def kernel(self, L):
         return shift_kernel(self.C[...], L)  # (H, L)
 
-    def __call__(self, u):
+    def __call__(self, u: Float[Array, "batch L H"]) -> Float[Array, "batch L H"]:
         """The convolution with the N-tap kernel, as the sum it is:
         y_k = sum_{j<N} C_j u_{k-j} (with u_{k-j} = 0 before the start)."""
         checks.sequence(u, self.H)
@@ -165,7 +166,7 @@ class ShiftSSM(nnx.Module):
     def init_cache(self, batch_size):
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N)))
 
-    def step(self, u_t):
+    def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         checks.step_input(u_t, self.H, self.cache)
         # x_k = A x_{k-1} + B u_k: shift the window down, put u_k on top
         x = jnp.concatenate([u_t[..., None], self.cache[...][..., :-1]], axis=-1)
@@ -218,7 +219,7 @@ class H3Layer(nnx.Module):
         q, k, v = self.W_Q(u), self.W_K(u), self.W_V(u)
         return self._heads(q), self._heads(self.shift(k)), self._heads(v)
 
-    def __call__(self, u):
+    def __call__(self, u: Float[Array, "batch L H"]) -> Float[Array, "batch L H"]:
         checks.sequence(u, self.H)
         q, k, v = self.qkv(u)
         kv = k[..., :, None] * v[..., None, :]            # (b, L, heads, d_h, d_h)
@@ -305,7 +306,7 @@ class H3Layer(nnx.Module):
             nnx.Cache(Lambda_bar), nnx.Cache(B_bar), nnx.Cache(2 * C))
         self.cache = nnx.Cache(self.init_state(batch_size)[1])
 
-    def step(self, u_t):
+    def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         """One token: shift state (last keys) + per head a d_h x d_h x N state."""
         checks.step_input(u_t, self.H, self.cache)
         q, v = self._heads(self.W_Q(u_t)), self._heads(self.W_V(u_t))

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
+from ._types import Array, Float
 from .catalog import LayerOptions, SSMParam, option, register_layer
 from .hippo import make_DPLR_HiPPO
 from .s4 import (discretize_diagonal, dplr_rnn, dplr_step, kernel_DPLR,
@@ -80,7 +81,7 @@ class SSMLayer(nnx.Module):
         L = self.L if L is None else L
         return jax.vmap(K_conv, in_axes=(0, 0, 0, None))(*self.discrete(), L)
 
-    def __call__(self, u):
+    def __call__(self, u: Float[Array, "batch L H"]) -> Float[Array, "batch L H"]:
         checks.sequence(u, self.H)
         K = self.kernel(u.shape[1])
         return causal_convolution(u, K, axis=1) + self.D[...] * u
@@ -90,7 +91,7 @@ class SSMLayer(nnx.Module):
         self.Ab, self.Bb, self.Cb = nnx.Cache(Ab), nnx.Cache(Bb[..., 0]), nnx.Cache(Cb[:, 0])
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N)))
 
-    def step(self, u_t):
+    def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         checks.step_input(u_t, self.H, self.cache)
         x = jnp.einsum("hnm,bhm->bhn", self.Ab[...], self.cache[...])
         x = x + self.Bb[...] * u_t[..., None]
@@ -293,7 +294,7 @@ class S4Layer(nnx.Module):
 
     max_len = property(lambda self: self.L, doc="The contract's length limit: L.")
 
-    def __call__(self, u):
+    def __call__(self, u: Float[Array, "batch L H"]) -> Float[Array, "batch L H"]:
         checks.max_length(checks.sequence(u, self.H), self.max_len)
         return _conv_skip(u, self.kernel(u.shape[1]), self.D[...])
 
@@ -304,7 +305,7 @@ class S4Layer(nnx.Module):
         self.Bb, self.Cb = nnx.Cache(Bb), nnx.Cache(Cb)  # (H, N/2) each
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), Bb.dtype))
 
-    def step(self, u_t):
+    def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         checks.step_input(u_t, self.H, self.cache)
         Lambda, P, _, _, step = self.ssm_params()
         x = dplr_step(self.cache[...], u_t, Lambda, P, P, self.Bb[...], step[:, None], conj=True)
@@ -385,7 +386,7 @@ class S4DLayer(nnx.Module):
 
     max_len = property(lambda self: self.L, doc="The contract's length limit: L, or None.")
 
-    def __call__(self, u):
+    def __call__(self, u: Float[Array, "batch L H"]) -> Float[Array, "batch L H"]:
         checks.max_length(checks.sequence(u, self.H), self.max_len)
         return _conv_skip(u, self.kernel(u.shape[1]), self.D[...])
 
@@ -395,7 +396,7 @@ class S4DLayer(nnx.Module):
             nnx.Cache(Lambda_bar), nnx.Cache(B_bar), nnx.Cache(2 * C))
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.H, self.N // 2), Lambda_bar.dtype))
 
-    def step(self, u_t):
+    def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         checks.step_input(u_t, self.H, self.cache)
         x = self.Lambda_bar[...] * self.cache[...] + self.B_bar[...] * u_t[..., None]
         self.cache[...] = x

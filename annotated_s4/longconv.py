@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from . import _checks as checks
+from ._types import Array, Float
 from .catalog import LayerOptions, register_layer
 from .decoders import SSMDecoder
 from .ssm import causal_convolution
@@ -40,14 +41,14 @@ class _LongConvolution(nnx.Module):
         self.D = nnx.Param(jnp.ones((H,)))
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
-    def __call__(self, u):
+    def __call__(self, u: Float[Array, "batch L H"]) -> Float[Array, "batch L H"]:
         checks.sequence(u, self.H)
         return causal_convolution(u, self.kernel(u.shape[1]), axis=1) + self.D[...] * u
 
     def init_cache(self, batch_size):
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.L, self.H)))  # oldest first
 
-    def step(self, u_t):
+    def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         checks.step_input(u_t, self.H, self.cache)
         buf = jnp.concatenate([self.cache[...][:, 1:], u_t[:, None]], axis=1)
         self.cache[...] = buf
@@ -196,7 +197,7 @@ class ETSCLayer(_LongConvolution):
         self.phase = nnx.Cache(p)  # p_k = ik mod (h+1), shared by the batch
         self.cache = nnx.Cache(jnp.broadcast_to(z, (batch_size,) + z.shape))
 
-    def step(self, u_t):
+    def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         checks.step_input(u_t, self.H, self.cache)
         decoder = SSMDecoder.from_etsc(self.b[...], decay=self.decay)
         (z, p), y = jax.vmap(decoder.step, in_axes=((0, None), 0), out_axes=((0, None), 0))(

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
+from ._types import Array, Float
 from .catalog import SSMParam, option, register_layer
 from .layers import Linear, SSMOptions, log_step_initializer
 from .selective import SCANS, selective_scan, selective_step
@@ -152,7 +153,7 @@ class MambaBlock(nnx.Module):
         delta, B, C = jnp.split(self.x_proj(x), [self.R, self.R + self.N], axis=-1)
         return self.dt_proj(delta), B, C
 
-    def __call__(self, u):
+    def __call__(self, u: Float[Array, "batch L H"]) -> Float[Array, "batch L H"]:
         """CNN mode (all positions at once): u (batch, L, H) -> (batch, L, H)."""
         checks.sequence(u, self.H)
         x, z = jnp.split(self.in_proj(u), 2, axis=-1)                  # (batch, L, E) each
@@ -171,7 +172,7 @@ class MambaBlock(nnx.Module):
         self.window = nnx.Cache(jnp.zeros((batch_size, self.W, self.E)))
         self.cache = nnx.Cache(jnp.zeros((batch_size, self.E, self.N)))
 
-    def step(self, u_t):
+    def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         """One token u_t (batch, H) -> (batch, H): slide the window, one step
         of the conv and one of the SSM (`selective_step`). O(E (W + N) + H E)
         work, whatever the position."""

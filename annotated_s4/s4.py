@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _checks as checks
+from ._types import Array, Float, Inexact, Num, Real, Scalar
 from .hippo import make_NPLR_HiPPO
 from .ssm import K_conv, discretize
 
@@ -41,7 +42,9 @@ __all__ = [
 ]
 
 
-def discretize_diagonal(Lambda, B, step):
+def discretize_diagonal(
+    Lambda: Num[Array, "*H N"], B: Num[Array, "*H N"], step: Scalar | Real[Array, "*#H #N"]
+) -> tuple[Inexact[Array, "*H N"], Inexact[Array, "*H N"]]:
     """Zero-order-hold discretization of x' = diag(Lambda) x + B u.
 
     Returns (Lambda_bar, B_bar) = (exp(step Lambda),
@@ -80,7 +83,9 @@ def kernel_diagonal(Lambda, B, C, step, L, conj=False):
     return 2.0 * K if conj else K
 
 
-def vandermonde(W, log_z, L):
+def vandermonde(
+    W: Num[Array, "*#batch #N"], log_z: Num[Array, "*#batch #N"], L: int
+) -> Float[Array, "*batch L"]:
     """Re sum_n W[..., n] z_n^l for l = 0 .. L-1 with z = exp(log_z); shape (..., L).
 
     The Vandermonde product behind every diagonal-SSM kernel, without the
@@ -265,7 +270,9 @@ def K_gen_inverse(Ab, Bb, Cb, L):
 # --------------------------------------------------------------------------
 # Diagonal plus low rank: Cauchy kernels and the Woodbury identity
 # --------------------------------------------------------------------------
-def cauchy(v, omega, lambd, conj=False):
+def cauchy(
+    v: Num[Array, "*K N"], omega: Num[Array, "M"], lambd: Num[Array, "N"], conj: bool = False
+) -> Inexact[Array, "*K M"]:
     """The Cauchy matrix-vector product k(omega_j) = sum_n v_n / (omega_j - lambd_n).
 
     lambd has shape (N,), omega shape (M,); v has shape (N,), giving k of
@@ -283,7 +290,10 @@ def cauchy(v, omega, lambd, conj=False):
     return k
 
 
-def kernel_DPLR(Lambda, P, Q, B, C, step, L, conj=False):
+def kernel_DPLR(
+    Lambda: Num[Array, "N"], P: Num[Array, "N"], Q: Num[Array, "N"],
+    B: Num[Array, "N"], C: Num[Array, "N"], step: Scalar, L: int, conj: bool = False
+) -> Float[Array, "L"]:
     """The S4 convolution kernel of A = diag(Lambda) - P Q^*, shape (L,), real.
 
     C is C~ = C (I - Ab^L), the S4 parameterisation. With the bilinear

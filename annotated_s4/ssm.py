@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _checks as checks
+from ._types import Array, Inexact, Num, Scalar
 
 __all__ = [
     "random_SSM",
@@ -54,7 +55,9 @@ def random_SSM(rng, N):
     return A, B, C
 
 
-def discretize(A, B, C, step):
+def discretize(
+    A: Num[Array, "N N"], B: Num[Array, "N 1"], C: Num[Array, "1 N"], step: Scalar
+) -> tuple[Inexact[Array, "N N"], Inexact[Array, "N 1"], Num[Array, "1 N"]]:
     """Bilinear (trapezoid / Tustin) discretization with step size `step`."""
     A, B, C = checks.ssm(A, B, C, step=step)
     I = jnp.eye(A.shape[0])
@@ -64,7 +67,10 @@ def discretize(A, B, C, step):
     return Ab, Bb, C
 
 
-def scan_SSM(Ab, Bb, Cb, u, x0):
+def scan_SSM(
+    Ab: Num[Array, "N N"], Bb: Num[Array, "N 1"], Cb: Num[Array, "1 N"],
+    u: Num[Array, "L 1"], x0: Num[Array, "N"],
+) -> tuple[Num[Array, "N"], Num[Array, "L 1"]]:
     """Run the recurrence x_k = Ab x_{k-1} + Bb u_k, y_k = Cb x_k.
 
     u has shape (L, 1), the inputs u_0 .. u_{L-1}, and x0 shape (N,) is the state
@@ -93,7 +99,9 @@ def run_SSM(A, B, C, u):
     return scan_SSM(Ab, Bb, Cb, u[:, None], jnp.zeros((N,)))[1]
 
 
-def K_conv(Ab, Bb, Cb, L):
+def K_conv(
+    Ab: Num[Array, "N N"], Bb: Num[Array, "N 1"], Cb: Num[Array, "1 N"], L: int
+) -> Num[Array, "L"]:
     """The SSM convolution kernel K = (Cb Bb, Cb Ab Bb, ..., Cb Ab^(L-1) Bb), (L,).
 
     Computed the naive way, by applying Ab over and over: v_0 = Bb,

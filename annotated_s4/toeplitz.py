@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from . import _checks as checks
+from ._types import Array, Complex, Float, Scalar
 
 __all__ = [
     "etsc",
@@ -51,7 +52,9 @@ def _complex_like(dtype):
     return jnp.result_type(dtype, jnp.complex64)
 
 
-def etsc(t, decay=None, half=False):
+def etsc(
+    t: Float[Array, "n *d"], decay: Scalar | None = None, half: bool = False
+) -> tuple[Complex[Array, "modes"], Complex[Array, "modes *d"]]:
     """Exact Toeplitz-to-SSM conversion (Algorithm 1 of ETSC).
 
     t: (n,) or (n, d) real kernel(s). Returns (lambd, b) with
@@ -60,7 +63,8 @@ def etsc(t, decay=None, half=False):
     period n+1, times gamma^i, beyond).
 
     lambd_k = gamma * omega^k, omega = exp(2 pi i/(n+1)), k = 1..n, shared by
-    every channel; b (n,) or (n, d) complex. With ``decay=gamma`` in (0, 1] the
+    every channel; b (n,) or (n, d) complex (the signature's ``modes`` is n,
+    or ceil(n/2) with ``half=True``). With ``decay=gamma`` in (0, 1] the
     kernel is read as t_i = gamma^i r_i (TNN's exponential decay) and r is
     converted, so the SSM decays, and so does its echo beyond lag n. In
     float32, lambd carries gamma rounded to float32 (relative error delta <=

@@ -23,8 +23,9 @@
 #
 # Nothing is installed into PY itself: a virtual environment DIR/venv that
 # sees PY's packages (--system-site-packages) receives what is missing:
-# nbval, ipykernel, jupytext, celluloid, mlxtend, pytest-xdist (and their
-# dependencies), at the versions requirements.txt pins. The exit status is
+# nbval, ipykernel, jupytext, celluloid, mlxtend, pytest-xdist, jaxtyping (the
+# package's shape annotations), beartype (their checker in the tests), and their
+# dependencies, at the versions requirements.txt pins. The exit status is
 # pytest's (that of the benchmarks if they fail after the tests passed).
 set -euo pipefail
 
@@ -92,7 +93,8 @@ PIP_SOURCE=()
 
 # module -> distribution; each missing one is installed at requirements.txt's pin.
 MODULES=(nbval:nbval ipykernel:ipykernel jupytext:jupytext celluloid:celluloid
-         mlxtend:mlxtend xdist:pytest-xdist pytest:pytest nbformat:nbformat)
+         mlxtend:mlxtend xdist:pytest-xdist pytest:pytest nbformat:nbformat
+         jaxtyping:jaxtyping beartype:beartype)
 missing=()
 for pair in "${MODULES[@]}"; do
     module=${pair%%:*} dist=${pair#*:}

@@ -7,7 +7,8 @@
 #     tools/gpu_test.sh --wheels DIR ...  # on the GPU machine
 #
 # What is downloaded: the test tools pinned in requirements.txt (nbval,
-# ipykernel, jupytext, celluloid, mlxtend) with every dependency of theirs,
+# ipykernel, jupytext, celluloid, mlxtend), jaxtyping (which the package
+# imports) and beartype, with every dependency of theirs,
 # less what the GPU machine is assumed to have (BASE below, with all of its own
 # dependencies, at whatever versions it has), plus pip (to install with where the machine's Python has
 # none). The dependencies are resolved by pip for CPython 3.12 on manylinux
@@ -26,7 +27,7 @@ PYTHON=${PYTHON:-python3}
 # The packages the GPU machine's Python already had (see the README, "On a GPU").
 BASE=(jax jaxlib flax optax numpy scipy matplotlib seaborn pandas scikit-learn pillow
       pytest pytest-xdist execnet)
-EXTRA=(nbval ipykernel jupytext celluloid mlxtend)
+EXTRA=(nbval ipykernel jupytext celluloid mlxtend jaxtyping beartype)
 TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
         --platform manylinux2014_x86_64 --platform any)
