@@ -11,7 +11,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "annotated_s4"
 
 # The reading order: the math, the layers, models and training, the modules
 # beside them, the experiment side, the command line.
-CHAIN = ["_checks", "precision", "ssm", "hippo", "s4", "probe", "toeplitz", "selective", "ssd",
+CHAIN = ["_checks", "_types", "precision", "ssm", "hippo", "s4", "probe", "toeplitz", "selective", "ssd",
          "decoders", "catalog", "layers", "h3", "attention",
          "gru", "longconv", "mamba", "models", "train", "sample", "checkpoint", "data", "tasks", "timing",
          "plotting", "config", "registry", "runs", "measure", "completion", "runner", "reference",
