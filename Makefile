@@ -45,14 +45,6 @@ notebooks: $(STAMP)
 # needs it, so that several can share one GPU.
 TEST_WORKERS ?= 2
 
-# Each worker (and each chapter's kernel) computes on one thread: the workers already
-# keep the cores busy, and threads beyond the cores mostly wait, spinning (OpenBLAS's and
-# XLA's CPU thread pools spin before they sleep). Chapter 4 with its unit tests took
-# 42 CPU-seconds with the default BLAS threads, 23 with one; test_s4.py 100 s with the
-# default XLA threads, 62 with one. The numbers the book prints come from `make book`,
-# which keeps the defaults.
-ONE_THREAD := OPENBLAS_NUM_THREADS=1 XLA_FLAGS="$(XLA_FLAGS) --xla_cpu_multi_thread_eigen=false"
-
 # JAX's persistent compilation cache, for the tests and the book only (not the
 # benchmarks, which time first calls): the unit tests compile many identical small
 # programs, and the book executes the programs the notebooks' tests compiled. It
@@ -70,7 +62,7 @@ EVAL_CACHE := ANNOTATED_S4_EVAL_CACHE=$(CURDIR)/_build/eval_cache
 test: $(STAMP) browser-tools
 	$(PY) tools/notebooks.py --check
 	rm -rf _build/eval_cache
-	$(JAX_CACHE) $(EVAL_CACHE) $(ONE_THREAD) XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -p no:cacheprovider \
+	$(JAX_CACHE) $(EVAL_CACHE) XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-cell-timeout=900 \
 		--durations=15 --junitxml=_build/test-times.xml $(wildcard book/*.ipynb) tests
 
