@@ -115,10 +115,8 @@ def selective_copying(rng, n, seq_len=64, vocab_size=10, n_tokens=8):
 
     Returns (x, y): x int32 of shape (n, seq_len), y int32 of shape (n, n_tokens).
     """
-    checks.positive_int(n, "n")
     checks.positive_int(n_tokens, "n_tokens")
-    checks.positive_int(seq_len, "seq_len", minimum=2 * n_tokens)
-    checks.positive_int(vocab_size, "vocab_size", minimum=3)
+    _check_task_args(n, seq_len, vocab_size, 2 * n_tokens, 3)
     noise, marker = vocab_size - 2, vocab_size - 1
     region = seq_len - n_tokens
     # n_tokens distinct positions per row, in increasing order: the first
