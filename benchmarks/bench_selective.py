@@ -12,8 +12,9 @@ width P = 16, state size N = 16, float32) computed by
 each jitted, median of several runs after a warm-up (`annotated_s4.timing.time_fn`),
 at L = 256 .. 8192 (``--quick``: 128, 256, 512). Prints a table of medians,
 the ratios to the chunked algorithm and the log-log slope of each column, and
-writes benchmarks/results/selective.json (``--quick``: selective_quick.json)
-naming the backend and device. Timings vary with the machine and its load.
+writes benchmarks/results/selective.json (``--quick``: selective_quick.json;
+on a GPU the names end in _gpu), recording the device, the JAX and jaxlib
+versions and the CPU model (`annotated_s4.timing.device_info`). Timings vary with the machine and its load.
 
     python benchmarks/bench_selective.py [--quick]
 """
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from annotated_s4 import ssd_chunked, ssd_quadratic, ssd_scan
-from annotated_s4.timing import loglog_slope, time_fn
+from annotated_s4.timing import device_info, loglog_slope, result_stem, time_fn
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BATCH, H, P, N, CHUNK = 1, 4, 16, 16, 64
@@ -73,7 +74,7 @@ def main(argv=None):
     lengths = [128, 256, 512] if args.quick else [256, 512, 1024, 2048, 4096, 8192]
     repeats = 3 if args.quick else 5
     out = {"backend": jax.default_backend(), "device": str(jax.devices()[0]),
-           "quick": args.quick, "batch": BATCH, "H": H, "P": P, "N": N, "chunk": CHUNK,
+           "device_info": device_info(), "quick": args.quick, "batch": BATCH, "H": H, "P": P, "N": N, "chunk": CHUNK,
            "dtype": "float32", "repeats": repeats, "lengths": lengths}
     print(f"backend {out['backend']} ({out['device']}), batch {BATCH}, H = {H}, P = {P}, "
           f"N = {N}, chunk {CHUNK}: median ms, then ratio to chunked")
@@ -85,7 +86,7 @@ def main(argv=None):
     print("log-log slope of time against L: "
           + ", ".join(f"{k} {s:.2f}" for k, s in out["loglog_slopes"].items()))
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / ("selective_quick.json" if args.quick else "selective.json")
+    path = RESULTS / (result_stem("selective", quick=args.quick) + ".json")
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
 
