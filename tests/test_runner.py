@@ -166,10 +166,11 @@ def test_a_float32_evaluation_stays_within_its_rounding_bound():
 
     def log_probs(model, x, classes):
         """Every class's log-probability, (len(x), classes), measured as the
-        re-evaluations measure (`runner.measure_items`): -log p_c is the loss of
-        the target c."""
-        return np.stack([-runner.measure_items(model, x, np.full(len(x), c, np.int32))["nll"]
-                         for c in range(classes)], axis=-1)
+        re-evaluations measure (`runner.measure_items` at float32 matmul
+        precision): -log p_c is the loss of the target c."""
+        with jax.default_matmul_precision("float32"):
+            return np.stack([-runner.measure_items(model, x, np.full(len(x), c, np.int32))["nll"]
+                             for c in range(classes)], axis=-1)
 
     directory = reference.locate("digits64-s4")
     model, data, _ = runner.load_run(directory)
