@@ -214,8 +214,19 @@ def toeplitz_kernel(t, name="t"):
 def decayed_kernel(t, decay):
     """A kernel t (see `toeplitz_kernel`) and a decay gamma (see `decay_factor`)
     such that t_i / gamma^i stays finite, with gamma^i computed in float64 and
-    rounded to t's dtype (as the ETSC conversion does). Returns (t, gamma)."""
+    rounded to t's dtype (as the ETSC conversion does). Every gamma^i must be a
+    normal number of that dtype: a subnormal one is flushed to zero by XLA on a
+    CPU and kept on a GPU, so the division would differ by device. Returns
+    (t, gamma)."""
     t, gamma = toeplitz_kernel(t), decay_factor(decay)
+    if gamma is not None:
+        n = t.shape[0]
+        last = np.float64(gamma) ** (n - 1)
+        tiny = float(np.finfo(t.dtype).tiny)
+        if float(np.asarray(last, t.dtype)) < tiny:
+            raise ValueError(f"decay = {gamma} is too strong for n = {n}: decay^{n - 1} = "
+                             f"{last:.1e} is below the smallest normal {np.dtype(t.dtype).name} "
+                             f"number, {tiny:.1e}")
     if gamma is not None and not _traced(t):
         powers = np.float64(gamma) ** np.arange(t.shape[0])
         r = t / jnp.asarray(powers, t.dtype).reshape((-1,) + (1,) * (t.ndim - 1))

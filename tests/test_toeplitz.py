@@ -431,3 +431,19 @@ def test_decayed_float32_lambda_rounds_gamma_and_exact_gamma_does_not():
     assert rel(from_lambda, t) > 10 * exact  # the rounded gamma's powers show
     drift = jnp.asarray(t * (gamma_read / gamma) ** np.arange(n), jnp.float32)
     assert rel(from_lambda, drift) <= 1e-6  # and they are the whole difference
+
+
+def test_a_decay_is_refused_where_its_powers_leave_the_normal_numbers():
+    """The limit on n follows from gamma and n alone (every gamma^i, i < n, a
+    normal float32 number), so it is the same on a CPU, where XLA flushes
+    subnormal numbers to zero, on a GPU, where it keeps them, and inside jit."""
+    gamma = 0.99
+    n_max = int(np.log(np.finfo(np.float32).tiny) / np.log(gamma)) + 1  # gamma^(n_max - 1) normal
+    assert np.float32(gamma ** (n_max - 1)) >= np.finfo(np.float32).tiny > np.float32(gamma ** n_max)
+    decayed = lambda n: jnp.asarray(gamma ** np.arange(n), jnp.float32)  # noqa: E731
+    lambd, b = etsc(decayed(n_max), decay=gamma)
+    assert bool(jnp.all(jnp.isfinite(b)))
+    with pytest.raises(ValueError, match="smallest normal float32"):
+        etsc(decayed(n_max + 1), decay=gamma)
+    with pytest.raises(ValueError, match="decay = 0.99 is too strong"):
+        jax.jit(lambda t: etsc(t, decay=gamma))(decayed(n_max + 1))

@@ -2,6 +2,7 @@
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -258,3 +259,22 @@ def test_check_browser_finds_each_defect(tmp_path):
             assert found == []
         else:
             assert found and all(d.startswith(name) for d in found), (name, found)
+
+
+def test_the_failure_log_plugin_writes_each_failure_as_it_happens(tmp_path):
+    """tools/pytest_failures.py (what tools/gpu_test.sh runs with): the failing
+    test's traceback, and nothing of the passing one, reach the file, with
+    pytest-xdist's workers too."""
+    (tmp_path / "test_two.py").write_text(
+        "def test_passes():\n    assert True\n\n"
+        "def test_fails():\n    assert 1 + 1 == 3, 'arithmetic'\n")
+    log = tmp_path / "failures.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tools")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_failures",
+         "--failures-file", str(log), "-n", "2", str(tmp_path / "test_two.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    text = log.read_text()
+    assert "test_two.py::test_fails (call)" in text and "arithmetic" in text
+    assert "test_passes" not in text

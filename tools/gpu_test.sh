@@ -8,7 +8,8 @@
 #     tools/gpu_test.sh [--out DIR] [--python PY] [--wheels DIR] [--workers N]
 #                       [--bench | --bench-quick] [-- PYTEST_ARGS...]
 #
-#   --out DIR       where the log (pytest.log), junit.xml, the device's
+#   --out DIR       where the log (pytest.log), each failure's report as it
+#                   happens (failures.txt), junit.xml, the device's
 #                   description (device.txt) and the benchmarks' output go
 #                   (default: _build/gpu-test)
 #   --python PY     the Python that has JAX (default: python3)
@@ -144,7 +145,11 @@ fi
 echo "pytest on ${WORKERS} workers; log: $OUT/pytest.log, JUnit XML: $OUT/junit.xml"
 start=$SECONDS
 status=0
-"$PY" -m pytest -p no:cacheprovider -n "$WORKERS" --dist loadfile --nbval-lax \
+# tools/pytest_failures.py writes each failure's traceback to failures.txt as it
+# happens: a run cut short by a time limit keeps them.
+: > "$OUT/failures.txt"
+PYTHONPATH=$ROOT/tools:$PYTHONPATH "$PY" -m pytest -p no:cacheprovider -p pytest_failures \
+    --failures-file "$OUT/failures.txt" -n "$WORKERS" --dist loadfile --nbval-lax \
     --nbval-cell-timeout=900 --durations=15 --junitxml="$OUT/junit.xml" \
     "${PYTEST_ARGS[@]}" 2>&1 | tee "$OUT/pytest.log" || status=$?
 [ -f "$OUT/junit.xml" ] || die "pytest wrote no $OUT/junit.xml (status $status)"

@@ -1,0 +1,30 @@
+"""A pytest plugin that writes each failure's report to a file as soon as it
+arrives (with pytest-xdist, as the controller receives it), so that a run cut
+short by a time limit still leaves its tracebacks; pytest itself prints them
+only at the end.
+
+    pytest -p pytest_failures --failures-file FILE ...   (tools/ on PYTHONPATH)
+"""
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--failures-file", default=None,
+                     help="append every failed or erroring test's report to this file")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report):
+    path = _PATH.get("file")
+    if path is None or not (report.failed or (report.when != "call" and report.outcome == "error")):
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
+_PATH = {}
+
+
+def pytest_configure(config):
+    _PATH["file"] = config.getoption("--failures-file")
