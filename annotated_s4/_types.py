@@ -14,9 +14,9 @@ from typing import Union
 
 import jax
 import numpy as np
-from jaxtyping import Complex, Float, Inexact, Num, Real
+from jaxtyping import Complex, Float, Inexact, Int, Num, Real
 
-__all__ = ["Array", "Scalar", "Complex", "Float", "Inexact", "Num", "Real"]
+__all__ = ["Array", "Scalar", "Complex", "Float", "Inexact", "Int", "Num", "Real"]
 
 Array = Union[jax.Array, np.ndarray]
 """A JAX or a NumPy array."""

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _checks as checks
+from ._types import Array, Float, Int
 
 __all__ = ["SequenceBlock", "StackedModel", "LastTokenModel", "eval_mode"]
 
@@ -66,10 +67,10 @@ class SequenceBlock(nnx.Module):
         y = self.drop(jax.nn.gelu(y))
         return self.drop(self.out(y) * jax.nn.sigmoid(self.out2(y)))
 
-    def __call__(self, x):
+    def __call__(self, x: Float[Array, "batch L H"]) -> Float[Array, "batch L H"]:
         return x + self._mix(self.seq(self.norm(x)))
 
-    def step(self, x_t):
+    def step(self, x_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         return x_t + self._mix(self.seq.step(self.norm(x_t)))
 
     def init_cache(self, batch_size):
@@ -133,7 +134,11 @@ class StackedModel(nnx.Module):
     def _head(self, x):
         return jax.nn.log_softmax(self.decoder(self.norm(x)), axis=-1)
 
-    def __call__(self, x):
+    def __call__(
+        self, x: Int[Array, "batch L"] | Float[Array, "batch L d_input"]
+    ) -> Float[Array, "batch *seq d_output"]:
+        """Log-probabilities: (batch, d_output) for a classifier, else
+        (batch, L, d_output), output k predicting input k from inputs 0..k-1."""
         self._check_input(x, 2)
         if not self.classification:
             x = self._shift_right(x)
@@ -151,7 +156,9 @@ class StackedModel(nnx.Module):
         for block in self.layers:
             block.init_cache(batch_size)
 
-    def step(self, x_prev):
+    def step(
+        self, x_prev: Int[Array, " batch"] | Float[Array, "batch d_input"]
+    ) -> Float[Array, "batch d_output"]:
         """One RNN step: x_prev, the previous input (the start token or zeros
         at t = 0), of shape (batch,) tokens or (batch, d_input); returns the
         log-probabilities of the next input, (batch, d_output)."""
@@ -178,7 +185,7 @@ class LastTokenModel(nnx.Module):
         self.answer_len = None if answer_len is None else checks.positive_int(answer_len,
                                                                               "answer_len")
 
-    def __call__(self, x):
+    def __call__(self, x: Int[Array, "batch L"]) -> Float[Array, "batch *answer vocab"]:
         # StackedModel shifts its input right: output k sees x_0 .. x_{k-1}.
         # Append a placeholder so that the last output sees all of x.
         x = jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)

@@ -21,7 +21,9 @@ from jaxtyping import TypeCheckError, jaxtyped
 
 from annotated_s4 import catalog
 from annotated_s4.h3 import ShiftSSM
+from annotated_s4.layers import SSMLayer
 from annotated_s4.longconv import ToeplitzLayer
+from annotated_s4.models import LastTokenModel, SequenceBlock, StackedModel
 from annotated_s4.s4 import cauchy, discretize_diagonal, kernel_DPLR, vandermonde
 from annotated_s4.ssm import K_conv, discretize, scan_SSM
 from annotated_s4.toeplitz import etsc
@@ -49,7 +51,8 @@ def test_annotations_resolve():
     (the annotations are strings, under ``from __future__ import annotations``)."""
     fns = [discretize, scan_SSM, K_conv, discretize_diagonal, vandermonde, cauchy,
            kernel_DPLR, etsc]
-    methods = [getattr(cls, m) for cls in _layer_classes() for m in ("__call__", "step")]
+    methods = [getattr(cls, m) for cls in _layer_classes() + [SequenceBlock, StackedModel]
+               for m in ("__call__", "step")] + [LastTokenModel.__call__]
     for fn in fns + methods:
         hints = typing.get_type_hints(fn)
         assert "return" in hints and len(hints) > 1, fn.__qualname__
@@ -169,3 +172,35 @@ def test_every_layer_class_is_tested():
     made = {type(_abstract(name)) for name in LAYERS}
     for cls in _layer_classes():
         assert any(issubclass(m, cls) for m in made), cls.__name__
+
+
+def test_models():
+    """The stacks around the layers: tokens or float inputs in, log-probabilities
+    out, per position for a next-step model and per sequence for a classifier;
+    a recall task's answer span from LastTokenModel."""
+    V, D_IN = 5, 3
+    layer = functools.partial(SSMLayer, N=2, L=L)
+    lm = nnx.eval_shape(lambda: StackedModel(layer, V, H, 1, rngs=nnx.Rngs(0), vocab_size=V,
+                                             classification=False))
+    clf = nnx.eval_shape(lambda: StackedModel(layer, V, H, 1, rngs=nnx.Rngs(0), d_input=D_IN))
+    call, step = checked(StackedModel.__call__), checked(StackedModel.step)
+    tokens = jnp.zeros((BATCH, L), jnp.int32)
+    assert nnx.eval_shape(call, lm, tokens).shape == (BATCH, L, V)
+    assert nnx.eval_shape(call, clf, jnp.ones((BATCH, L, D_IN))).shape == (BATCH, V)
+
+    def first_step(model, x):
+        model.init_cache(BATCH)
+        return step(model, x)
+
+    assert nnx.eval_shape(first_step, lm, tokens[:, 0]).shape == (BATCH, V)
+    block = checked(SequenceBlock.__call__)
+    assert nnx.eval_shape(block, lm.layers[0], jnp.ones((BATCH, L, H))).shape == (BATCH, L, H)
+    last = checked(LastTokenModel.__call__)
+    assert nnx.eval_shape(last, LastTokenModel(lm), tokens).shape == (BATCH, V)
+    assert nnx.eval_shape(last, LastTokenModel(lm, answer_len=2), tokens).shape == (BATCH, 2, V)
+    with pytest.raises(TypeCheckError):  # one sequence without its batch axis
+        call(lm, tokens[0])
+    with pytest.raises(TypeCheckError):  # a whole sequence of tokens given to step
+        step(lm, tokens)
+    with pytest.raises(TypeCheckError):  # one position given to the block's __call__
+        block(lm.layers[0], jnp.ones((BATCH, H)))
