@@ -27,4 +27,7 @@ _PATH = {}
 
 
 def pytest_configure(config):
-    _PATH["file"] = config.getoption("--failures-file")
+    # With pytest-xdist the hook runs in each worker and again in the controller,
+    # which receives the workers' reports: the controller alone writes.
+    if not hasattr(config, "workerinput"):
+        _PATH["file"] = config.getoption("--failures-file")
