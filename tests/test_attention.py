@@ -25,6 +25,7 @@ def _dense(q, k, v, length):
 
 
 @pytest.mark.parametrize("length", [1, 5, 8, 9, 31, 32])
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_cached_attention_is_softmax_attention_over_the_prefix(length):
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     q = jax.random.normal(keys[0], (2, 3, 4))
@@ -36,6 +37,7 @@ def test_cached_attention_is_softmax_attention_over_the_prefix(length):
     assert jnp.allclose(traced, got, atol=1e-6)
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_cached_attention_reads_only_the_blocks_it_needs():
     """Blocks past the current one are never visited: NaN there changes nothing."""
     q = jnp.ones((1, 2, 4))

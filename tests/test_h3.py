@@ -91,6 +91,7 @@ def _run_rnn(layer, u):
     return jnp.stack([layer.step(u[:, t]) for t in range(u.shape[1])], axis=1)
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_shift_ssm_rnn_mode_equals_cnn_mode():
     # H3Layer and its diagonal SSM are checked with every layer in test_layers
     layer = ShiftSSM(8, 3, rngs=nnx.Rngs(7))

@@ -1,4 +1,9 @@
-"""Part I math: discretization, recurrence, kernel, convolution, the mass-spring example."""
+"""Part I math: discretization, recurrence, kernel, convolution, the mass-spring example.
+
+Checks that two float32 computations agree run at float32 matmul precision
+(`@jax.default_matmul_precision("float32")`): at JAX's default, a GPU may
+multiply float32 matrices in TF32 (see annotated_s4.precision).
+"""
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +31,7 @@ def test_random_SSM_bad_N(N):
         random_SSM(jax.random.PRNGKey(0), N)
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_discretize_matches_formula():
     A, B, C = stable_ssm(4)
     step = 0.05
@@ -44,6 +50,7 @@ def test_discretize_scalar_is_pade_of_exp():
         assert abs(float(Ab[0, 0]) - np.exp(-a * step)) == pytest.approx((a * step) ** 3 / 12, rel=0.05)
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_discretize_keeps_stability():
     A, B, C = stable_ssm(6)
     for step in [1e-3, 1.0, 1e3]:
@@ -66,6 +73,7 @@ def test_discretize_bad_input(bad):
         discretize(**args)
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_scan_matches_python_loop():
     A, B, C = stable_ssm(3)
     Ab, Bb, Cb = discretize(A, B, C, 0.1)
@@ -94,6 +102,7 @@ def test_run_SSM_shape_and_bad_input():
         run_SSM(A, B, C, jnp.ones((10, 1)))
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_K_conv_equals_matrix_powers():
     Ab, Bb, Cb = discretize(*stable_ssm(4), 0.1)
     K = K_conv(Ab, Bb, Cb, 12)
@@ -118,6 +127,7 @@ def test_cnn_equals_rnn():
 
 
 @pytest.mark.parametrize("L", [1, 7, 64, 1000])
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_fft_convolution_equals_direct(L):
     u = jax.random.normal(jax.random.PRNGKey(0), (L,))
     K = jax.random.normal(jax.random.PRNGKey(1), (L,))
@@ -143,6 +153,7 @@ def test_causal_convolution_bad_input():
         causal_convolution(jnp.ones(10), jnp.ones((10, 1)))
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_example_mass_is_newton():
     A, B, C = example_mass(k=40.0, b=5.0, m=2.0)
     x = jnp.array([0.3, -0.7])  # position, velocity
@@ -162,6 +173,7 @@ def test_example_force_is_clipped_sine():
     np.testing.assert_allclose(f, jnp.where(s > 0.5, s, 0.0))
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_example_ssm_converges_to_ode():
     """The discrete mass-spring position approaches the exact ODE solution as L grows."""
     from scipy.integrate import solve_ivp
@@ -196,6 +208,7 @@ def test_random_SSM_is_stable():
         assert np.linalg.eigvals(np.asarray(A)).real.max() <= -0.5 + 1e-5
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_scan_returns_last_state():
     """x0 is x_{-1}; scan_SSM returns x_{L-1}, the state after the last input."""
     Ab, Bb, Cb = discretize(*stable_ssm(2), 0.1)

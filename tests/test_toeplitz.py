@@ -79,6 +79,7 @@ def test_general_lambda_path_and_real_diagonal_ssm_recovered():
     assert rel(ssm_to_toeplitz(lam_bar, b_bar, L), K) <= 1e-4
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_decoders_agree_with_toeplitz_matvec():
     n, d = 256, 3
     t = kernel(n, d, seed=1)
@@ -326,6 +327,7 @@ def test_toeplitz_layer_decayed_conversion():
 
 
 @pytest.mark.parametrize("name", ["tnn", "sgconv"])
+@jax.default_matmul_precision("float32")   # a float32 claim
 def test_generated_kernel_layers_modes_and_conversion(name):
     cls = {"tnn": TNNLayer, "sgconv": SGConvLayer}[name]
     layer = cls(4, 16, rngs=nnx.Rngs(0))
