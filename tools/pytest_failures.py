@@ -17,7 +17,7 @@ def pytest_addoption(parser):
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logreport(report):
     path = _PATH.get("file")
-    if path is None or not (report.failed or (report.when != "call" and report.outcome == "error")):
+    if path is None or not report.failed:  # a failing setup or teardown is "failed" too
         return
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
