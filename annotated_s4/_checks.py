@@ -219,16 +219,16 @@ def decayed_kernel(t, decay):
     CPU and kept on a GPU, so the division would differ by device. Returns
     (t, gamma)."""
     t, gamma = toeplitz_kernel(t), decay_factor(decay)
-    if gamma is not None:
-        n = t.shape[0]
-        last = np.float64(gamma) ** (n - 1)
-        tiny = float(np.finfo(t.dtype).tiny)
-        if float(np.asarray(last, t.dtype)) < tiny:
-            raise ValueError(f"decay = {gamma} is too strong for n = {n}: decay^{n - 1} = "
-                             f"{last:.1e} is below the smallest normal {np.dtype(t.dtype).name} "
-                             f"number, {tiny:.1e}")
-    if gamma is not None and not _traced(t):
-        powers = np.float64(gamma) ** np.arange(t.shape[0])
+    if gamma is None:
+        return t, gamma
+    n = t.shape[0]
+    powers = np.float64(gamma) ** np.arange(n)
+    tiny = float(np.finfo(t.dtype).tiny)
+    if float(np.asarray(powers[-1], t.dtype)) < tiny:
+        raise ValueError(f"decay = {gamma} is too strong for n = {n}: decay^{n - 1} = "
+                         f"{powers[-1]:.1e} is below the smallest normal "
+                         f"{np.dtype(t.dtype).name} number, {tiny:.1e}")
+    if not _traced(t):
         r = t / jnp.asarray(powers, t.dtype).reshape((-1,) + (1,) * (t.ndim - 1))
         finite(r, f"t / decay^i (decay = {gamma} is too strong for n = {t.shape[0]})")
     return t, gamma

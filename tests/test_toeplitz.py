@@ -18,8 +18,8 @@ from annotated_s4 import StackedModel, ToeplitzLayer
 from annotated_s4.s4 import kernel_diagonal
 from annotated_s4.decoders import CacheDecoder, FFTDecoder, SSMDecoder
 from annotated_s4.longconv import ETSCLayer, SGConvLayer, TNNLayer
-from annotated_s4.toeplitz import (etsc, etsc_kernel, fit_toeplitz_gradient, ssm_to_toeplitz,
-                                   ssm_to_toeplitz_naive, toeplitz_matvec)
+from annotated_s4.toeplitz import (decay_powers, etsc, etsc_kernel, fit_toeplitz_gradient,
+                                   ssm_to_toeplitz, ssm_to_toeplitz_naive, toeplitz_matvec)
 
 
 def rel(a, b):
@@ -443,7 +443,7 @@ def test_a_decay_is_refused_where_its_powers_leave_the_normal_numbers():
     gamma = 0.99
     n_max = int(np.log(np.finfo(np.float32).tiny) / np.log(gamma)) + 1  # gamma^(n_max - 1) normal
     assert np.float32(gamma ** (n_max - 1)) >= np.finfo(np.float32).tiny > np.float32(gamma ** n_max)
-    decayed = lambda n: jnp.asarray(gamma ** np.arange(n), jnp.float32)  # noqa: E731
+    decayed = functools.partial(decay_powers, gamma, dtype=jnp.float32)  # t_i = gamma^i
     lambd, b = etsc(decayed(n_max), decay=gamma)
     assert bool(jnp.all(jnp.isfinite(b)))
     with pytest.raises(ValueError, match="smallest normal float32"):

@@ -8,6 +8,8 @@ only at the end.
 
 import pytest
 
+_PATH = {}  # the file to write to, set by pytest_configure in the controller
+
 
 def pytest_addoption(parser):
     parser.addoption("--failures-file", default=None,
@@ -21,9 +23,6 @@ def pytest_runtest_logreport(report):
         return
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
-
-
-_PATH = {}
 
 
 def pytest_configure(config):
