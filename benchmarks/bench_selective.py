@@ -14,7 +14,8 @@ at L = 256 .. 8192 (``--quick``: 128, 256, 512). Prints a table of medians,
 the ratios to the chunked algorithm and the log-log slope of each column, and
 writes benchmarks/results/selective.json (``--quick``: selective_quick.json;
 on a GPU the names end in _gpu), recording the device, the JAX and jaxlib
-versions and the CPU model (`annotated_s4.timing.device_info`). Timings vary with the machine and its load.
+versions and the CPU model (`annotated_s4.timing.device_info`). Timings vary
+with the machine and its load.
 
     python benchmarks/bench_selective.py [--quick]
 """
@@ -74,7 +75,8 @@ def main(argv=None):
     lengths = [128, 256, 512] if args.quick else [256, 512, 1024, 2048, 4096, 8192]
     repeats = 3 if args.quick else 5
     out = {"backend": jax.default_backend(), "device": str(jax.devices()[0]),
-           "device_info": device_info(), "quick": args.quick, "batch": BATCH, "H": H, "P": P, "N": N, "chunk": CHUNK,
+           "device_info": device_info(), "quick": args.quick, "batch": BATCH, "H": H, "P": P,
+           "N": N, "chunk": CHUNK,
            "dtype": "float32", "repeats": repeats, "lengths": lengths}
     print(f"backend {out['backend']} ({out['device']}), batch {BATCH}, H = {H}, P = {P}, "
           f"N = {N}, chunk {CHUNK}: median ms, then ratio to chunked")
