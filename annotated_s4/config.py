@@ -66,6 +66,9 @@ class RunConfig:
     steps: int = _option(500, "training steps", _TRAINING)
     batch_size: int = _option(64, "sequences per step (split over the devices)", _TRAINING)
     lr: float = _option(3e-3, "peak learning rate (AdamW, cosine schedule)", _TRAINING)
+    warmup: int = _option(0, "steps over which the learning rates rise linearly from 0 to "
+                          "their peaks before the cosine decay (0: start at the peaks)",
+                          _TRAINING)
     ssm_lr: float = _option(1e-3, "learning rate of the state-space parameters (A or Lambda, "
                             "P, B, log step), trained without weight decay (S4's recipe); 0: "
                             "train them like every other parameter", _TRAINING)
@@ -110,8 +113,10 @@ class RunConfig:
         for name in ("seq_len", "vocab_size"):
             if getattr(self, name) is not None:
                 checks.positive_int(getattr(self, name), flag(name))
-        for name in ("eval_every", "ckpt_every", "seed", "seed_data"):
+        for name in ("eval_every", "ckpt_every", "seed", "seed_data", "warmup"):
             checks.positive_int(getattr(self, name), flag(name), minimum=0)
+        if self.warmup >= self.steps:
+            raise ValueError(f"--warmup must be below --steps ({self.steps}), got {self.warmup}")
         checks.number(self.weight_decay, "--weight-decay", low=0.0)
         checks.number(self.lr, "--lr", low=0.0, low_open=True)
         checks.number(self.ssm_lr, "--ssm-lr", low=0.0)

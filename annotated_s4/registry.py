@@ -309,7 +309,7 @@ def build_optimizer(config, model):
     """The optimiser `config` describes (S4's parameter groups unless ssm_lr is 0)."""
     return make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay,
                           steps=config.steps, ssm_lr=config.ssm_lr or None,
-                          ssm_weight_decay=config.ssm_weight_decay)
+                          ssm_weight_decay=config.ssm_weight_decay, warmup=config.warmup)
 
 
 def count_params(model):

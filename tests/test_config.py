@@ -82,6 +82,8 @@ def test_a_config_with_an_unknown_option_is_refused():
     ({"layer_options": S4Options(b_clip=-1.0)}, ValueError, "--b-clip"),
     ({"layer": "s4d", "layer_options": S4Options()}, TypeError, "S4DOptions"),
     ({"out": None, "resume": True}, ValueError, "--resume"),
+    ({"warmup": -1}, ValueError, "--warmup"),
+    ({"warmup": 500, "steps": 500}, ValueError, "--warmup must be below --steps"),
 ])
 def test_bad_values_name_the_option(changes, error, match):
     with pytest.raises(error, match=match):

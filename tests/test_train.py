@@ -110,6 +110,18 @@ def test_data_parallel_matches_single_device():
     assert four["acc"] == pytest.approx(one["test_accuracy"], abs=1e-6)
 
 
+def test_lr_schedule_warms_up_then_decays_to_one_percent():
+    peak, steps = 1e-2, 100
+    cold = np.asarray(train.lr_schedule(peak, steps)(np.arange(steps + 1)))
+    assert cold[0] == cold[1] == pytest.approx(peak) and cold[-1] == pytest.approx(peak / 100)
+    warm = np.asarray(train.lr_schedule(peak, steps, warmup=10)(np.arange(steps + 1)))
+    np.testing.assert_allclose(warm[:11], peak * np.arange(11) / 10, rtol=1e-6, atol=1e-12)
+    assert np.all(np.diff(warm[10:]) <= 0) and warm[-1] == pytest.approx(peak / 100)
+    # the command line takes it and the run records it
+    config = registry.parse(["--dataset", "digits", "--warmup", "10", "--steps", "100"])
+    assert config.warmup == 10 and config.recorded()["warmup"] == 10
+
+
 def test_ssm_params_get_their_own_rate_and_no_decay():
     """S4's recipe: with ssm_lr, log_step and Lambda/P/B move at ssm_lr and are
     not decayed; the read-out C moves at lr."""
