@@ -23,8 +23,8 @@ import tomllib
 from .checkpoint import RUN_FILES
 
 __all__ = ["ROOT", "TABLE", "RUNS", "PURPOSES", "read_table", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS",
-           "MNIST_SEEDS", "CHARLM_SEEDS", "OPTIM_SEEDS", "MANIFEST", "RAW_URL", "run_dir", "command",
-           "available", "manifest", "write_manifest", "locate"]
+           "SELECTIVE_SEEDS", "MNIST_SEEDS", "CHARLM_SEEDS", "OPTIM_SEEDS", "MANIFEST", "RAW_URL",
+           "run_dir", "command", "available", "manifest", "write_manifest", "locate"]
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "reference_runs")
@@ -63,6 +63,7 @@ OPTIM_SEEDS = (0, 1, 2)            # optim-{recipe,decay,fullrate}[-seedK]
 MNIST_SEEDS = (0, 1, 2)            # mnist-<layer>[-seedK]
 CHARLM_SEEDS = (0, 1, 2)           # charlm-<layer>[-seedK]
 SYNTHETIC_SEEDS = (0, 1, 2)        # {induction-head,associative-recall}-<layer>[-seedK]
+SELECTIVE_SEEDS = (0, 1, 2, 3, 4)  # selective-copying-<layer>[-seedK]
 MEMORY_LENGTHS = (64, 256, 1024, 4096)   # memory<L>-<layer>
 
 
