@@ -43,6 +43,8 @@ RE_EVALUATED_BY_PAGES = {
         lambda name: reference.RUNS[name][1] in ("mnist-small", "mnist-small-gen"),
     ("07c_language_model.md",):
         lambda name: name.startswith("charlm-"),
+    ("10_selection.md",):
+        lambda name: name.startswith("selective-copying-"),
 }
 
 
@@ -66,7 +68,8 @@ def test_the_pages_re_evaluate_their_runs(pages):
         code += page_code
     names = [n for n in reference.available() if RE_EVALUATED_BY_PAGES[pages](n)]
     assert len(names) >= 2
-    missing = [n for n in names if f'"{n}"' not in code]
+    # a family of seeds is named by its seed-0 run, the others by the family's seeds
+    missing = [n for n in names if f'"{re.sub(r"-seed[0-9]+$", "", n)}"' not in code]
     assert not missing, f"add {missing} to the runs that {pages} re-evaluate"
 
 
@@ -180,6 +183,8 @@ def test_every_seed_of_a_family_is_its_seed_0_run_with_another_seed():
         "mnist-{}": (("s4", "s4d", "gru", "s4-gaussian", "ssm-dt01", "s4-dt01"),
                      reference.MNIST_SEEDS),
         "charlm-{}": (("h3", "hybrid", "attention", "s4d"), reference.CHARLM_SEEDS),
+        "selective-copying-{}": (("mamba", "s4d", "h3", "attention", "v10-s4d", "s4d-w44"),
+                                 runs.SELECTIVE_SEEDS),
     }
     for pattern, (members, seeds) in families.items():
         for member in members:
