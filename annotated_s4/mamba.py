@@ -101,7 +101,8 @@ class MambaBlock(nnx.Module):
     * A_log (E, N) = log(1 .. N) in every channel: A = -(1 .. N), S4D-Real;
     * D (E,) = 1;
     * the Δ bias = softplus^{-1}(Δ_0), Δ_0 log-uniform in [dt_min, dt_max]
-      (at least dt_floor), so that Δ starts in that range whatever the input;
+      (at least dt_floor): the bias alone puts Δ in that range, and the
+      projection of the input, small at initialisation, moves it a little;
     * dt_proj's weights uniform in +-R^{-1/2}, which keeps the projected Δ
       input of order one; the conv's taps and bias uniform in +-W^{-1/2}
       (PyTorch's default for a depthwise conv); the other projections
