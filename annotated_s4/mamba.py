@@ -12,7 +12,12 @@ inner channels and N states per channel, a sequence u (batch, L, H) goes
     y      = y silu(z)                 the gate
     out    = y W_out                   back to (batch, L, H)
 
-and in RNN mode the same block runs one token at a time: the conv keeps
+With ``time_invariant`` the block keeps everything but the selection: Δ,
+B and C become trained parameters, one per channel (and state), and the SSM
+is a time-invariant S4D-Real layer inside Mamba's block (the "Mamba + S4"
+rows of the paper's ablations).
+
+In RNN mode the same block runs one token at a time: the conv keeps
 the last W inputs of x, the SSM its state (batch, E, N), so a token costs the
 same work at position 10 as at position 10,000 (`MambaBlock.step`).
 
@@ -67,7 +72,7 @@ def inverse_softplus(y):
     return y + jnp.log(-jnp.expm1(-y))
 
 
-def mamba_param_count(H, E, N, dt_rank, conv_width):
+def mamba_param_count(H, E, N, dt_rank, conv_width, time_invariant=False):
     """The number of trained numbers in a `MambaBlock`:
 
         W_in        H x 2E          (no bias)
@@ -79,12 +84,15 @@ def mamba_param_count(H, E, N, dt_rank, conv_width):
 
     in all E (3H + W + 2R + 3N + 3), with R = dt_rank and W = conv_width. The
     state space part proper (A_log, D, the Δ bias) is E (N + 2): the projections
-    dominate, as in a Transformer's MLP.
+    dominate, as in a Transformer's MLP. The time-invariant block trades
+    x_proj and dt_proj's weights for B and C (E x N each): E (3H + W + 3N + 3),
+    2 E R fewer (dt_rank is then not used).
     """
-    H, E, N, R, W = (checks.positive_int(v, name) for v, name in
-                     ((H, "H"), (E, "E"), (N, "N"), (dt_rank, "dt_rank"),
-                      (conv_width, "conv_width")))
-    return E * (3 * H + W + 2 * R + 3 * N + 3)
+    H, E, N, W = (checks.positive_int(v, name) for v, name in
+                  ((H, "H"), (E, "E"), (N, "N"), (conv_width, "conv_width")))
+    if checks.flag(time_invariant, "time_invariant"):
+        return E * (3 * H + W + 3 * N + 3)
+    return E * (3 * H + W + 2 * checks.positive_int(dt_rank, "dt_rank") + 3 * N + 3)
 
 
 def _uniform(rngs, shape, bound):
@@ -111,13 +119,18 @@ class MambaBlock(nnx.Module):
     A_log and the Δ bias are `SSMParam`s (the state matrix and the step), so
     ``--ssm-lr`` trains them at their own rate without weight decay. `scan`
     picks the scan of `selective.SCANS` (all give the same states).
+
+    time_invariant=True drops the selection (x_proj, dt_proj): Δ = softplus(Δ
+    bias) per channel, B (E, N) = 1 and C (E, N) ~ N(0, 1), S4D-Real's
+    initialisation, trained as ordinary parameters; the rest is unchanged.
     Parameters: `mamba_param_count`.
     """
 
     max_len = None  # the scan takes any length
 
     def __init__(self, H, *, rngs: nnx.Rngs, state_size=16, expand=2, conv_width=4,
-                 dt_rank="auto", dt_min=0.001, dt_max=0.1, dt_floor=1e-4, scan="recurrent"):
+                 dt_rank="auto", dt_min=0.001, dt_max=0.1, dt_floor=1e-4, scan="recurrent",
+                 time_invariant=False):
         H = checks.positive_int(H, "H")
         N = checks.positive_int(state_size, "state_size")
         E = H * checks.positive_int(expand, "expand")
@@ -128,14 +141,19 @@ class MambaBlock(nnx.Module):
         dt_max = checks.number(dt_max, "dt_max", low=dt_min)
         dt_floor = checks.positive_number(dt_floor, "dt_floor")
         self.scan = checks.choice(scan, "scan", SCANS)
+        self.time_invariant = checks.flag(time_invariant, "time_invariant")
         self.H, self.E, self.N, self.W, self.R = H, E, N, W, R
         self.in_proj = Linear(H, 2 * E, use_bias=False, rngs=rngs)
         self.conv_w = nnx.Param(_uniform(rngs, (W, E), W ** -0.5))
         self.conv_b = nnx.Param(_uniform(rngs, (E,), W ** -0.5))
-        self.x_proj = Linear(E, R + 2 * N, use_bias=False, rngs=rngs)
-        self.dt_proj = Linear(R, E, use_bias=False, rngs=rngs,
-                              kernel_init=lambda key, shape, dtype: jax.random.uniform(
-                                  key, shape, dtype, -R ** -0.5, R ** -0.5))
+        if self.time_invariant:
+            self.B = nnx.Param(jnp.ones((E, N)))
+            self.C = nnx.Param(jax.random.normal(rngs.params(), (E, N)))
+        else:
+            self.x_proj = Linear(E, R + 2 * N, use_bias=False, rngs=rngs)
+            self.dt_proj = Linear(R, E, use_bias=False, rngs=rngs,
+                                  kernel_init=lambda key, shape, dtype: jax.random.uniform(
+                                      key, shape, dtype, -R ** -0.5, R ** -0.5))
         step = jnp.exp(log_step_initializer(rngs.params(), (E,), dt_min, dt_max))
         self.dt_bias = SSMParam(inverse_softplus(jnp.maximum(step, dt_floor)))
         self.A_log = SSMParam(jnp.log(jnp.broadcast_to(jnp.arange(1.0, N + 1), (E, N))))
@@ -150,7 +168,15 @@ class MambaBlock(nnx.Module):
     def selection(self, x):
         """What makes the SSM selective: Δ's input (before its bias and softplus),
         B and C, all functions of x (..., E). Δ goes through the rank-R
-        bottleneck E -> R -> E; B, C (..., N) are shared by the E channels."""
+        bottleneck E -> R -> E; B, C (..., N) are shared by the E channels.
+
+        The time-invariant block selects nothing: Δ's input is 0 (Δ is its
+        bias's softplus) and B, C are its parameters, one (N,) row per channel,
+        broadcast to (..., E, N)."""
+        if self.time_invariant:
+            lead = x.shape[:-1]
+            return (jnp.zeros_like(x), jnp.broadcast_to(self.B[...], (*lead, self.E, self.N)),
+                    jnp.broadcast_to(self.C[...], (*lead, self.E, self.N)))
         delta, B, C = jnp.split(self.x_proj(x), [self.R, self.R + self.N], axis=-1)
         return self.dt_proj(delta), B, C
 
@@ -203,6 +229,9 @@ class MambaOptions(SSMOptions):
     scan: str = option("recurrent", "how the selective scan runs: one step at a time "
                        "(recurrent), a parallel prefix scan (associative), or chunks "
                        "(chunked); the same states", choices=tuple(SCANS))
+    time_invariant: bool = option(False, "no selection: the step, B and C are trained "
+                                  "parameters, not functions of the input (an LTI, "
+                                  "S4D-Real SSM in Mamba's block)")
 
 
 def build_mamba(options, L):
@@ -210,7 +239,8 @@ def build_mamba(options, L):
     return functools.partial(MambaBlock, state_size=options.state_size, expand=options.expand,
                              conv_width=options.conv_width,
                              dt_rank="auto" if options.dt_rank is None else options.dt_rank,
-                             scan=options.scan, **options.steps())
+                             scan=options.scan, time_invariant=options.time_invariant,
+                             **options.steps())
 
 
 register_layer("mamba", MambaOptions, build_mamba,

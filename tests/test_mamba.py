@@ -22,7 +22,7 @@ from annotated_s4 import (MambaBlock, MambaOptions, StackedModel, causal_depthwi
                           inverse_softplus, mamba_param_count, registry)
 from annotated_s4.catalog import SSMParam
 from annotated_s4.sample import rnn_log_probs
-from annotated_s4.selective import SCANS
+from annotated_s4.selective import SCANS, selective_scan
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -193,6 +193,42 @@ def test_parameter_count_is_the_formula(H, expand, N, dt_rank, W):
         mamba_param_count(H, expand * H, N, "auto", W)
 
 
+def test_the_time_invariant_block_selects_nothing():
+    """--time-invariant keeps the block and drops the selection: 2 E R fewer
+    parameters (x_proj and dt_proj's weights for B and C); Δ, B and C do not
+    depend on the input; the SSM's response to an impulse is the same whenever
+    the impulse comes (a convolution); RNN mode equals CNN mode."""
+    H, N = 8, 4
+    block = MambaBlock(H, rngs=nnx.Rngs(0), state_size=N, time_invariant=True)
+    selective = MambaBlock(H, rngs=nnx.Rngs(0), state_size=N)
+    counted = sum(x.size for x in jax.tree.leaves(nnx.state(block, nnx.Param)))
+    assert counted == mamba_param_count(H, 2 * H, N, None, 4, time_invariant=True)
+    assert counted == mamba_param_count(H, 2 * H, N, selective.R, 4) - 2 * 2 * H * selective.R
+    x1, x2 = jax.random.normal(jax.random.PRNGKey(1), (2, 1, 9, 2 * H))
+    for one, two in zip(block.selection(x1), block.selection(x2)):
+        np.testing.assert_array_equal(one, two)
+    assert not np.allclose(selective.selection(x1)[1], selective.selection(x2)[1])
+    L, E = 24, 2 * H
+    delta, B, C = block.selection(jnp.zeros((1, L, E)))
+
+    def response(at):
+        u = jnp.zeros((1, L, E)).at[0, at].set(1.0)
+        return selective_scan(u, delta, block.A(), B, C, delta_bias=block.dt_bias[...],
+                              delta_softplus=True)[0]
+
+    early, late = response(2), response(9)
+    np.testing.assert_allclose(late[9:], early[2:L - 7], rtol=1e-6, atol=1e-7)
+    assert float(jnp.abs(early[2:]).max()) > 0.01
+    u = jax.random.normal(jax.random.PRNGKey(2), (2, 20, H))
+    with jax.default_matmul_precision("float32"):
+        parallel = block(u)
+        block.init_cache(2)
+        steps = jnp.stack([block.step(u[:, t]) for t in range(20)], axis=1)
+    np.testing.assert_allclose(steps, parallel, atol=1e-5 * float(jnp.abs(parallel).max()))
+    with pytest.raises(TypeError, match="time_invariant"):
+        MambaBlock(H, rngs=nnx.Rngs(0), time_invariant=1)
+
+
 def test_state_space_parameters_and_gradients():
     """A_log and the Δ bias are the SSMParams (their own learning rate, no decay);
     every parameter gets a finite gradient, none identically zero."""
@@ -247,6 +283,11 @@ def test_the_command_line_builds_the_block(tmp_path):
     default = nnx.eval_shape(lambda: registry.LAYERS["mamba"].build(MambaOptions(), 16)(
         40, rngs=nnx.Rngs(0)))
     assert default.R == 3                                   # "auto": ceil(40 / 16)
+    assert not default.time_invariant
+    lti = registry.parse(["--layer", "mamba", "--time-invariant"]).layer_options
+    assert lti == MambaOptions(time_invariant=True)
+    block = nnx.eval_shape(lambda: registry.LAYERS["mamba"].build(lti, 16)(8, rngs=nnx.Rngs(0)))
+    assert block.time_invariant and block.B.shape == block.C.shape == (16, 16)
     for bad in (["--dt-rank", "0"], ["--expand", "0"], ["--dt-min", "0"],
                 ["--scan", "fft"]):
         with pytest.raises(ValueError, match=bad[0]):
@@ -259,7 +300,8 @@ def test_the_command_line_builds_the_block(tmp_path):
               "--steps", "1", "--log-every", "100", "--out", str(out)])
     options = json.loads((out / "config.json").read_text())["layer_options"]
     assert options == {"state_size": 4, "dt_min": 0.001, "dt_max": 0.1, "expand": 2,
-                       "conv_width": 4, "dt_rank": None, "scan": "recurrent"}
+                       "conv_width": 4, "dt_rank": None, "scan": "recurrent",
+                       "time_invariant": False}
     metrics, run = runner.evaluate_run(str(out))
     assert isinstance(run["model"].layers[0].seq, MambaBlock)
     assert not runner.compare(run["metrics"], metrics)     # within float32 rounding

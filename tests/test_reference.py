@@ -183,7 +183,8 @@ def test_every_seed_of_a_family_is_its_seed_0_run_with_another_seed():
         "mnist-{}": (("s4", "s4d", "gru", "s4-gaussian", "ssm-dt01", "s4-dt01"),
                      reference.MNIST_SEEDS),
         "charlm-{}": (("h3", "hybrid", "attention", "s4d"), reference.CHARLM_SEEDS),
-        "selective-copying-{}": (("mamba", "s4d", "h3", "attention", "v10-s4d", "s4d-w44"),
+        "selective-copying-{}": (("mamba", "s4d", "h3", "attention", "v10-s4d", "s4d-w44",
+                                  "mamba-lti"),
                                  runs.SELECTIVE_SEEDS),
     }
     for pattern, (members, seeds) in families.items():
