@@ -70,8 +70,9 @@ def segsum(a):
 def semiseparable(a, B, C):
     """The SSD matrix M (batch, H, L, L), y = M X: M[t, s] = (C_t . B_s) exp(segsum(a)[t, s]).
 
-    a (batch, L, H); B, C (batch, L, H, N). Lower triangular; its blocks below
-    the diagonal have rank at most N (that is what 'semiseparable' means).
+    a (batch, L, H); B, C (batch, L, H, N). Lower triangular; every block on or
+    below the diagonal (rows t >= j, columns s <= j) has rank at most N, since
+    it factors through the state at j: that is what 'N-semiseparable' means.
     """
     decay = jnp.exp(segsum(jnp.moveaxis(a, 1, -1)))        # (batch, H, L, L)
     return jnp.einsum("bthn,bshn->bhts", C, B) * decay

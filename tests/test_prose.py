@@ -164,6 +164,8 @@ def _allowed(number, text, start, code_values):
         return True
     if re.fullmatch(r"(19|20)\d\d", number):
         return True
+    if re.fullmatch(r"#+\s+", text[:start]):      # a heading's chapter number: "# 11. ..."
+        return True
     before = text[:start].lower().split()[-3:]
     if any(w.strip("([") in STRUCTURAL for w in before):
         return True
