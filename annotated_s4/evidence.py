@@ -36,6 +36,33 @@ def reevaluate_classifier(name):
     return {**run, "recomputed": metrics, "right": items["right"]}
 
 
+def at_lengths(name, lengths, n=512, seed_offset=2):
+    """Recall run `name` tested at other lengths: for each L in `lengths`, n
+    fresh sequences of L tokens drawn by the run's task generator with its
+    vocabulary and the seed seed_data + `seed_offset` (its training and test
+    sets use seed_data and seed_data + 1), scored on their answers by the
+    run's model with its layers built for length L (`load_run`'s `length`).
+    Returns {L: (n, answers) bool array of right answers}, (n,) for one answer.
+    """
+    from . import tasks
+
+    directory = locate(name)
+    _, data, run = load_run(directory)
+    config = run["config"]
+    if not data.get("last_token"):
+        raise ValueError(f"{name} is not a recall task (dataset {config['dataset']!r})")
+    task = getattr(tasks, config["dataset"].replace("-", "_"))
+    n = _checks.positive_int(n, "n")
+    right = {}
+    for L in lengths:
+        L = _checks.positive_int(L, "length")
+        x, y = task(np.random.default_rng(config["seed_data"] + seed_offset), n, seq_len=L,
+                    vocab_size=config["vocab_size"])
+        model, _, _ = load_run(directory, length=L)
+        right[L] = kept_items(directory, model, x, y)["right"]
+    return right
+
+
 def reproduced(name, directory, model, data, run, batch_size=RECORDED_BATCH):
     """(items, metrics) of the loaded run `name` on its held-out set (scored in
     batches of `batch_size`); raises ValueError, naming the command that

@@ -34,6 +34,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from . import _checks as checks
 from .catalog import LAYERS
 from .checkpoint import CHECKPOINT_DTYPES
 from .config import add_arguments, add_layer_arguments, from_namespace
@@ -288,11 +289,13 @@ def load_dataset(config):
     return DATASETS[config.dataset](config)
 
 
-def build_model(config, data):
-    """The StackedModel described by `config` for the dataset `data`."""
+def build_model(config, data, length=None):
+    """The StackedModel described by `config` for the dataset `data`, its
+    layers built for sequences of `length` positions (default: the data's)."""
     # The length the layers see: a recall task's model reads x plus one
     # placeholder for the answer (LastTokenModel).
     L = data["x_train"].shape[1] + (1 if data.get("last_token") else 0)
+    L = L if length is None else checks.positive_int(length, "length")
     layer = LAYERS[config.layer].build(config.layer_options, L)
     model = StackedModel(
         layer, data["d_output"], config.d_model, config.n_layers,

@@ -165,10 +165,13 @@ def _differences(saved, recorded):
                   + [k for k in set(old) | set(new) if old.get(k) != new.get(k)])
 
 
-def load_run(directory):
+def load_run(directory, length=None):
     """(model, data, run) of a run directory: the model built from its config
     with the checkpoint's weights, the dataset it was trained on, and the
-    run's config/history/metrics dicts."""
+    run's config/history/metrics dicts. `length`: build the layers for
+    sequences of that many positions instead of the training length (the
+    weights of every layer are independent of it; a layer built for a length
+    refuses longer inputs)."""
     run = read_run(directory)
     recorded = run["config"]
     config = read_config(recorded, directory)
@@ -181,7 +184,7 @@ def load_run(directory):
             f"package it was trained with, or retrain it (make reference RUN=<name>)")
     # Built abstract (shapes only: no initialiser runs or compiles), then
     # filled with the checkpoint's arrays, which cover the whole state.
-    model = nnx.eval_shape(lambda: build_model(config, data))
+    model = nnx.eval_shape(lambda: build_model(config, data, length))
     load_checkpoint(directory, model)
     return model, data, run
 

@@ -23,15 +23,21 @@ import tomllib
 from .checkpoint import RUN_FILES
 
 __all__ = ["ROOT", "TABLE", "RUNS", "PURPOSES", "read_table", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS",
-           "SELECTIVE_SEEDS", "MNIST_SEEDS", "CHARLM_SEEDS", "OPTIM_SEEDS", "MANIFEST", "RAW_URL",
-           "run_dir", "command", "available", "manifest", "write_manifest", "locate"]
+           "SELECTIVE_SEEDS", "INDUCTION_SEEDS", "MNIST_SEEDS", "CHARLM_SEEDS", "OPTIM_SEEDS",
+           "MANIFEST", "RAW_URL", "RESULTS_MANIFEST", "run_dir", "command", "available",
+           "manifest", "write_manifest", "locate", "results_manifest", "write_results_manifest",
+           "locate_result"]
 
-ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                    "reference_runs")
+_REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.join(_REPOSITORY, "reference_runs")
 MANIFEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference_runs.json")
 # Where `locate` downloads from: the repository of _config.yml, at its branch
 # (a test keeps the two in agreement).
 RAW_URL = "https://raw.githubusercontent.com/annotated-s4/annotated-s4-book/main/"
+# The benchmark results the repository commits, and their checksums.
+RESULTS_DIR = "benchmarks/results"
+RESULTS_MANIFEST = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "benchmark_results.json")
 
 # The table of runs, one entry per run, with its name, what it is for, and the
 # command-line options that make it (the output directory is added): runs.toml,
@@ -64,6 +70,7 @@ MNIST_SEEDS = (0, 1, 2)            # mnist-<layer>[-seedK]
 CHARLM_SEEDS = (0, 1, 2)           # charlm-<layer>[-seedK]
 SYNTHETIC_SEEDS = (0, 1, 2)        # {induction-head,associative-recall}-<layer>[-seedK]
 SELECTIVE_SEEDS = (0, 1, 2, 3, 4)  # selective-copying-<layer>[-seedK]
+INDUCTION_SEEDS = (0, 1, 2, 3, 4)  # induction64-<layer>[-seedK]
 MEMORY_LENGTHS = (64, 256, 1024, 4096)   # memory<L>-<layer>
 
 
@@ -103,6 +110,42 @@ def write_manifest(root=None, path=MANIFEST):
     with open(path, "w") as f:
         json.dump(manifest(root), f, indent=1, sort_keys=True)
         f.write("\n")
+
+
+def results_manifest(names, root=None):
+    """{file: sha256} of the benchmark results `names` under
+    <root>/benchmarks/results (root: the repository)."""
+    from .data import file_sha256
+
+    folder = os.path.join(root or _REPOSITORY, RESULTS_DIR)
+    return {name: file_sha256(os.path.join(folder, name)) for name in names}
+
+
+def write_results_manifest(names, root=None, path=RESULTS_MANIFEST):
+    """Record the committed benchmark results' checksums in the package, so
+    that a page can load them where the repository is not (`locate_result`)."""
+    with open(path, "w") as f:
+        json.dump(results_manifest(names, root), f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def locate_result(name, root=None, url=RAW_URL):
+    """The path of benchmark result `name` (benchmarks/results/<name>, written
+    by a script of benchmarks/): the repository's file when it is there, else
+    a copy downloaded from `url` into the download cache, checked against the
+    SHA-256 that the package's results manifest records."""
+    from .data import cache_dir, fetch
+
+    local = os.path.join(root or _REPOSITORY, RESULTS_DIR, name)
+    if os.path.exists(local):
+        return local
+    with open(RESULTS_MANIFEST) as f:
+        sums = json.load(f)
+    if name not in sums:
+        raise FileNotFoundError(f"benchmark result {name} is neither at {local} nor in the "
+                                f"manifest {RESULTS_MANIFEST} (known: {sorted(sums)})")
+    return fetch(name, os.path.join(cache_dir(), "benchmark_results"),
+                 [f"{url}{RESULTS_DIR}/"], sums[name])
 
 
 def locate(name, root=None, url=RAW_URL):

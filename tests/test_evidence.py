@@ -256,3 +256,27 @@ def test_a_language_model_the_code_no_longer_reproduces_is_named(monkeypatch):
     with pytest.raises(ValueError, match=r"tnn-charlm: the code no longer reproduces.*"
                                          r"make reference RUN=tnn-charlm"):
         evidence.reevaluate_language_model("tnn-charlm")
+
+
+def test_at_lengths_draws_the_task_again_and_builds_the_layers_for_the_length():
+    """At the training length with the test set's seed, at_lengths answers the
+    run's own held-out sequences: its accuracy is the recorded one. At a longer
+    length the attention run, whose layers refuse inputs longer than they were
+    built for, is rebuilt for it (the same weights) and answers every sequence."""
+    from annotated_s4.runner import load_run
+    from annotated_s4.runs import locate
+
+    name = "induction-head-attention"                      # chapter 7's, 30 tokens
+    run = evidence.reevaluate_classifier(name)
+    L = run["config"]["seq_len"]
+    right = evidence.at_lengths(name, [L], n=len(run["right"]), seed_offset=1)[L]
+    np.testing.assert_array_equal(right, run["right"])
+    longer = evidence.at_lengths(name, [2 * L], n=64)[2 * L]
+    assert longer.shape == (64,) and longer.dtype == bool
+    model, data, _ = load_run(locate(name))
+    with pytest.raises(ValueError, match="max_len"):
+        model.model(np.zeros((1, 2 * L), np.int32))
+    with pytest.raises(ValueError, match="length"):
+        evidence.at_lengths(name, [0])
+    with pytest.raises(ValueError, match="not a recall task"):
+        evidence.at_lengths("digits64-s4", [64])

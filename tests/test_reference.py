@@ -44,7 +44,7 @@ RE_EVALUATED_BY_PAGES = {
     ("07c_language_model.md",):
         lambda name: name.startswith("charlm-"),
     ("10_selection.md",):
-        lambda name: name.startswith("selective-copying-"),
+        lambda name: name.startswith(("selective-copying-", "induction64-")),
 }
 
 
@@ -186,6 +186,7 @@ def test_every_seed_of_a_family_is_its_seed_0_run_with_another_seed():
         "selective-copying-{}": (("mamba", "s4d", "h3", "attention", "v10-s4d", "s4d-w44",
                                   "mamba-lti"),
                                  runs.SELECTIVE_SEEDS),
+        "induction64-{}": (("mamba", "s4d", "h3", "attention"), runs.INDUCTION_SEEDS),
     }
     for pattern, (members, seeds) in families.items():
         for member in members:
@@ -369,3 +370,50 @@ def test_the_package_ships_every_data_file_it_reads():
     data = {f for f in os.listdir(package)
             if os.path.isfile(os.path.join(package, f)) and not f.endswith((".py", ".pyc"))}
     assert data == listed and "runs.toml" in listed
+
+
+def test_the_results_manifest_is_the_committed_benchmark_results():
+    """Every benchmark result the repository commits is in the package's
+    manifest with its current checksum (re-write it with
+    runs.write_results_manifest after re-running a benchmark), and nothing else."""
+    import subprocess
+
+    from annotated_s4 import runs
+
+    tracked = subprocess.run(["git", "ls-files", runs.RESULTS_DIR], cwd=ROOT,
+                             capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    committed = sorted(os.path.basename(p) for p in tracked.stdout.split())
+    with open(runs.RESULTS_MANIFEST) as f:
+        recorded = json.load(f)
+    assert sorted(recorded) == committed
+    assert recorded == runs.results_manifest(committed)
+
+
+def test_locate_result_downloads_a_missing_result_and_checks_it(tmp_path, monkeypatch):
+    """Without the repository (a pip install, as in Colab) a committed benchmark
+    result is fetched from the repository URL, here a local directory read
+    through file:// URLs, and checked against the manifest."""
+    import shutil
+
+    from annotated_s4 import runs
+
+    server = tmp_path / "server"
+    (server / runs.RESULTS_DIR).mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, runs.RESULTS_DIR, "selective.json"),
+                server / runs.RESULTS_DIR / "selective.json")
+    monkeypatch.setenv("ANNOTATED_S4_CACHE", str(tmp_path / "cache"))
+    url, empty = server.as_uri() + "/", str(tmp_path / "no-repository")
+    found = runs.locate_result("selective.json", root=empty, url=url)
+    assert found == str(tmp_path / "cache" / "benchmark_results" / "selective.json")
+    with open(found) as a, open(os.path.join(ROOT, runs.RESULTS_DIR, "selective.json")) as b:
+        assert a.read() == b.read()
+    assert runs.locate_result("selective.json") == os.path.join(ROOT, runs.RESULTS_DIR,
+                                                                "selective.json")
+    with pytest.raises(FileNotFoundError, match="no-such.json"):
+        runs.locate_result("no-such.json", root=empty, url=url)
+    os.remove(found)
+    (server / runs.RESULTS_DIR / "selective.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="selective.json: sha256"):
+        runs.locate_result("selective.json", root=empty, url=url)
