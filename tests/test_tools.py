@@ -1,5 +1,6 @@
 """The book's own tooling: the notebook generator, the site checker, the configured versions."""
 
+import json
 import os
 import re
 import subprocess
@@ -278,3 +279,20 @@ def test_the_failure_log_plugin_writes_each_failure_as_it_happens(tmp_path):
     text = log.read_text()
     assert text.count("test_two.py::test_fails (call)") == 1 and "arithmetic" in text
     assert "test_passes" not in text
+
+
+def test_colab_run_seeds_the_download_cache_with_the_checked_results(tmp_path, monkeypatch):
+    """The emulated Colab runtime finds every committed benchmark result in its
+    download cache, and runs.locate_result, with no repository beside it,
+    accepts each against the package's manifest."""
+    from annotated_s4 import runs
+
+    n = colab_run.seed_benchmark_results(tmp_path)
+    with open(runs.RESULTS_MANIFEST) as f:
+        assert n == len(json.load(f)) > 0
+    monkeypatch.setenv("ANNOTATED_S4_CACHE", str(tmp_path))
+    with open(runs.RESULTS_MANIFEST) as f:
+        names = list(json.load(f))
+    for name in names:
+        found = runs.locate_result(name, root=str(tmp_path / "no-repository"), url="file:///nowhere/")
+        assert found == str(tmp_path / "benchmark_results" / name)

@@ -23,8 +23,9 @@ For each notebook it
   * lets the install cell run as in Colab, with this checkout (`git+file://`,
     its committed HEAD) in place of the repository's GitHub URL, and with the
     reference-run download cache (`data.cache_dir()` under the fresh HOME)
-    seeded with the repository's reference_runs/ files, which the package's
-    SHA-256 manifest then checks (GitHub itself cannot be reached offline);
+    seeded with the repository's reference_runs/ files and committed
+    benchmark results, which the package's SHA-256 manifests then check
+    (GitHub itself cannot be reached offline);
   * executes every cell in order in that one kernel, and reports the first
     error or success, whether Colab would have asked for a restart, which
     packages the install cell changed, and the times.
@@ -291,6 +292,17 @@ def seed_reference_runs(cache):
     return seeded
 
 
+def seed_benchmark_results(cache):
+    """Copy the committed benchmark results that the package's manifest lists
+    into the download cache, where runs.locate_result looks before it
+    downloads (and checks them against the manifest); returns how many."""
+    manifest = json.loads((ROOT / "annotated_s4" / "benchmark_results.json").read_text())
+    (cache / "benchmark_results").mkdir(parents=True, exist_ok=True)
+    for name in manifest:
+        shutil.copy2(ROOT / "benchmarks" / "results" / name, cache / "benchmark_results" / name)
+    return len(manifest)
+
+
 def new_runtime(workdir, image, environ, colab_path):
     """A fresh runtime: the image's venv restored at its path, a fresh HOME with
     the kernel's startup file and the seeded download cache, an empty working
@@ -304,6 +316,7 @@ def new_runtime(workdir, image, environ, colab_path):
     startup.mkdir(parents=True)
     (startup / "00-colab.py").write_text(_startup(colab_path))
     seed_reference_runs(home / ".cache" / "annotated_s4")
+    seed_benchmark_results(home / ".cache" / "annotated_s4")
     content = runtime / "content"
     content.mkdir()
     kernels = runtime / "kernels" / "colab"
