@@ -26,14 +26,15 @@ from .runs import command, locate
 
 def reevaluate_classifier(name):
     """Reference run `name` scored again on its held-out examples (at float32
-    matmul precision): the run (its config, history and recorded metrics), the
-    recomputed metrics, and `right`, which examples it names correctly. Raises
-    if the recomputed metrics differ from the recorded ones by more than
-    float32 rounding explains (`measure.compare`): the run must be re-made."""
+    matmul precision): the run (its config, history and recorded metrics, the
+    loaded `model`), the recomputed metrics, and `right`, which examples it
+    names correctly. Raises if the recomputed metrics differ from the recorded
+    ones by more than float32 rounding explains (`measure.compare`): the run
+    must be re-made."""
     directory = locate(name)
     model, data, run = load_run(directory)
     items, metrics = reproduced(name, directory, model, data, run)
-    return {**run, "recomputed": metrics, "right": items["right"]}
+    return {**run, "model": model, "recomputed": metrics, "right": items["right"]}
 
 
 def at_lengths(name, lengths, n=512, seed_offset=2):

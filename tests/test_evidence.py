@@ -32,9 +32,12 @@ def test_mcnemar_pairings_keeps_the_names():
 
 
 def test_a_reference_classifier_is_scored_again_digit_by_digit():
+    from flax import nnx
+
     scored = evidence.reevaluate_classifier("digits64-s4")
     right = scored["right"]
     assert right.dtype == bool and right.ndim == 1
+    assert isinstance(scored["model"], nnx.Module)          # loaded once, for the caller to reuse
     assert right.mean() == pytest.approx(scored["metrics"]["test_accuracy"], abs=1e-4)
 
 
