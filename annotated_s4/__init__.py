@@ -40,6 +40,7 @@ from .ssd import *  # noqa: F401,F403,E402
 from .decoders import *  # noqa: F401,F403,E402
 from .longconv import *  # noqa: F401,F403,E402
 from .mamba import *  # noqa: F401,F403,E402
+from .mamba2 import *  # noqa: F401,F403,E402
 
 __version__ = "0.1.0"
 

@@ -100,14 +100,15 @@ def _mnist(config):
 # given: the recall tasks at the sizes of the H3 paper's table, and the
 # character language model's window length (its vocabulary is the text's).
 RECALL_DEFAULTS = {"induction-head": (30, 20), "associative-recall": (20, 10),
-                   "delayed-recall": (256, 16), "selective-copying": (64, 10)}
+                   "delayed-recall": (256, 16), "selective-copying": (64, 10),
+                   "mqar": (24, 64)}
 CHARLM_DEFAULTS = {"seq_len": 128, "n_train": 20000, "n_test": 512}
 
 
 def _recall(name):
-    """A synthetic recall task (H3's two, delayed recall, selective copying):
-    the label is the final token, or the final answer_len tokens, one after
-    each marker; the model reads the sequence causally and is scored there
+    """A synthetic recall task (H3's two, delayed recall, selective copying,
+    MQAR): the label is the final token, or the final answer_len tokens, one
+    after each marker (each query); the model reads the sequence causally and is scored there
     only."""
     def load(config):
         from . import tasks
@@ -154,6 +155,7 @@ DATASETS = {
     "associative-recall": _recall("associative_recall"),
     "delayed-recall": _recall("delayed_recall"),
     "selective-copying": _recall("selective_copying"),
+    "mqar": _recall("multi_query_recall"),
     "charlm": _charlm,
 }
 
@@ -226,6 +228,8 @@ DATASET_HELP = {
                       "others",
     "selective-copying": "copy 8 data tokens scattered among noise, in order, one "
                          "after each of 8 markers: Mamba's selective copying",
+    "mqar": "multi-query associative recall: seq-len / 3 key-value pairs, then every "
+            "key asked for once; answer each (Zoology's MQAR)",
     "charlm": "characters of the Python documentation",
 }
 

@@ -36,6 +36,9 @@ __all__ = [
     "ssd_quadratic",
     "ssd_scan",
     "ssd_chunked",
+    "ssd_step",
+    "SSD_ALGORITHMS",
+    "ssd",
 ]
 
 
@@ -141,3 +144,34 @@ def ssd_chunked(X, a, B, C, chunk, initial_state=None):
     Y_off = jnp.einsum("bcthn,cbhpn,bcth->bcthp", C, h_in, jnp.exp(a_cum))
     Y = Y_diag.reshape(Y_off.shape) + Y_off
     return Y.reshape(b, -1, H, P)[:, :L], h[-1]
+
+
+def ssd_step(state, X_t, a_t, B_t, C_t):
+    """One step of the recurrence (RNN mode): h_t = exp(a_t) h_{t-1} + X_t B_t^T, y_t = h_t C_t.
+
+    state (batch, H, P, N) is h_{t-1}; X_t (batch, H, P); a_t (batch, H);
+    B_t and C_t (batch, H, N). Returns (h_t, y_t (batch, H, P)): a scalar decay
+    per head, a rank-one write, a matrix-vector read; O(H P N) work.
+    """
+    h = jnp.exp(a_t)[..., None, None] * state + X_t[..., None] * B_t[..., None, :]
+    return h, jnp.einsum("bhpn,bhn->bhp", h, C_t)
+
+
+# The algorithms of one map X -> Y, each a function (X, a, B, C, chunk) -> Y: the
+# recurrence by jax.lax.scan (L sequential steps) and by jax.lax.associative_scan
+# (O(log L) rounds), the quadratic dual form, and the chunked algorithm.
+SSD_ALGORITHMS = {
+    "recurrent": lambda X, a, B, C, chunk: ssd_scan(X, a, B, C, method="recurrent")[0],
+    "associative": lambda X, a, B, C, chunk: ssd_scan(X, a, B, C, method="associative")[0],
+    "quadratic": lambda X, a, B, C, chunk: ssd_quadratic(X, a, B, C),
+    "chunked": lambda X, a, B, C, chunk: ssd_chunked(X, a, B, C, chunk)[0],
+}
+
+
+def ssd(X, a, B, C, algorithm="chunked", chunk=64):
+    """Y = M X by one of `SSD_ALGORITHMS` (the same numbers, up to rounding):
+    the recurrence (linear in L, sequential or in a parallel scan), the dual
+    form (quadratic in L, matmuls) or the chunked algorithm (chunks of `chunk`
+    steps)."""
+    algorithm = checks.choice(algorithm, "algorithm", SSD_ALGORITHMS)
+    return SSD_ALGORITHMS[algorithm](X, a, B, C, chunk)

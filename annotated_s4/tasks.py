@@ -1,6 +1,6 @@
 """Generated recall tasks: H3's induction head and associative recall,
-delayed recall, a test of how long a layer remembers, and Mamba's selective
-copying.
+delayed recall, a test of how long a layer remembers, Mamba's selective
+copying, and Zoology's multi-query associative recall.
 
 Every recall task is a batch of integer-token sequences whose last token is
 the answer: the model reads x, the first seq_len - 1 tokens, and must predict
@@ -21,7 +21,7 @@ import numpy as np
 from . import _checks as checks
 
 __all__ = ["induction_head", "delayed_recall", "associative_recall", "selective_copying",
-           "most_frequent_token"]
+           "multi_query_recall", "most_frequent_token"]
 
 
 def _check_task_args(n, seq_len, vocab_size, min_len, min_vocab):
@@ -127,6 +127,46 @@ def selective_copying(rng, n, seq_len=64, vocab_size=10, n_tokens=8):
     x[np.arange(n)[:, None], where] = y
     x[:, region:] = marker
     return x.astype(np.int32), y.astype(np.int32)
+
+
+def _distinct(rng, n, pool, k):
+    """k distinct integers from range(pool) for each of n rows, in random order (n, k)."""
+    return np.argsort(rng.random((n, pool)), axis=1)[:, :k]
+
+
+def multi_query_recall(rng, n, seq_len=24, vocab_size=64):
+    """Multi-query associative recall (MQAR): D key-value pairs, then every key
+    asked for once, in a new order; answer each with its value.
+
+    Keys are the tokens 0..vocab_size//2 - 1, values the rest. With D =
+    seq_len // 3, each sequence draws D distinct keys and D distinct values,
+    pairs them, lists the pairs (2D tokens), then the D keys again in a random
+    order (D tokens): "a 2 c 4 b 3 | c b a -> 4 3 2". y holds the D answers;
+    answer i is predicted after query i, so all D pairs must be held at once,
+    and read out D times, from a state that has seen each pair only once.
+
+    Zoology's version (Arora et al. 2023) spreads the queries over a longer
+    sequence at gaps drawn from a power law, with noise between them; here
+    they follow the pairs directly, so seq_len sets only D.
+
+    Returns (x, y): x int32 of shape (n, seq_len), y int32 of shape (n, D).
+    """
+    _check_task_args(n, seq_len, vocab_size, 3, 2)
+    if seq_len % 3:
+        raise ValueError(f"seq_len must be a multiple of 3 (D pairs and D queries), "
+                         f"got {seq_len}")
+    n_keys, D = vocab_size // 2, seq_len // 3
+    if D > n_keys:
+        raise ValueError(f"seq_len // 3 = {D} pairs need as many distinct keys, but "
+                         f"vocab_size {vocab_size} has {n_keys}")
+    keys = _distinct(rng, n, n_keys, D)
+    values = _distinct(rng, n, vocab_size - n_keys, D) + n_keys
+    order = _distinct(rng, n, D, D)                     # which pair each query asks for
+    rows = np.arange(n)[:, None]
+    x = np.empty((n, seq_len), dtype=np.int64)
+    x[:, 0:2 * D:2], x[:, 1:2 * D:2] = keys, values
+    x[:, 2 * D:] = keys[rows, order]
+    return x.astype(np.int32), values[rows, order].astype(np.int32)
 
 
 def most_frequent_token(x, candidates):

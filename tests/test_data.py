@@ -14,7 +14,8 @@ import pytest
 
 from annotated_s4 import data
 from annotated_s4.tasks import (associative_recall, delayed_recall, induction_head,
-                                most_frequent_token, selective_copying)
+                                most_frequent_token, multi_query_recall,
+                                selective_copying)
 
 
 # --- digits -------------------------------------------------------------------
@@ -319,6 +320,27 @@ def test_selective_copying_structure():
         selective_copying(np.random.default_rng(0), 3, n_tokens=0)
 
 
+def test_multi_query_recall_structure():
+    x, y = multi_query_recall(np.random.default_rng(5), 400, seq_len=18, vocab_size=20)
+    D = 6
+    assert x.shape == (400, 18) and y.shape == (400, D)
+    assert x.dtype == np.int32 and y.dtype == np.int32
+    keys, values, queries = x[:, 0:2 * D:2], x[:, 1:2 * D:2], x[:, 2 * D:]
+    assert (keys < 10).all() and (values >= 10).all() and (values < 20).all()
+    for row in range(400):   # distinct keys and values; every key asked once; y its value
+        assert len(set(keys[row])) == D and len(set(values[row])) == D
+        assert sorted(queries[row]) == sorted(keys[row])
+        pairs = dict(zip(keys[row], values[row]))
+        assert [pairs[q] for q in queries[row]] == list(y[row])
+    # the queries come in a new order, not the pairs' (their order is random)
+    assert (queries != keys).any(axis=1).mean() > 0.99
+    assert len(np.unique(keys)) == 10 and len(np.unique(values)) == 10
+    with pytest.raises(ValueError, match="multiple of 3"):
+        multi_query_recall(np.random.default_rng(0), 3, seq_len=19)
+    with pytest.raises(ValueError, match="distinct keys"):
+        multi_query_recall(np.random.default_rng(0), 3, seq_len=18, vocab_size=10)
+
+
 def test_tasks_are_deterministic():
     a = associative_recall(np.random.default_rng(3), 10)
     b = associative_recall(np.random.default_rng(3), 10)
@@ -326,7 +348,7 @@ def test_tasks_are_deterministic():
 
 
 @pytest.mark.parametrize("gen", [induction_head, associative_recall, delayed_recall,
-                                 selective_copying])
+                                 selective_copying, multi_query_recall])
 def test_task_bad_arguments(gen):
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="n must be a positive int"):

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+from flax import nnx
 import pytest
 
 from annotated_s4 import registry, runner
@@ -117,6 +118,20 @@ def test_independent_state_matrices_are_an_option():
     with pytest.raises(ValueError, match="--independent is not an option of --layer s4d; "
                                          "it is an option of --layer s4 "):
         runner.run(_args(["--steps", "1", "--layer", "s4d", "--independent"]), log=None)
+
+
+def test_mqar_is_scored_on_every_query():
+    config = registry.parse(["--dataset", "mqar", "--layer", "mamba2", "--n-layers", "1",
+                             "--d-model", "8"])
+    seq_len, vocab = registry.RECALL_DEFAULTS["mqar"]
+    assert (config.seq_len, config.vocab_size) == (seq_len, vocab)
+    data = registry.load_dataset(config)
+    D = seq_len // 3
+    assert data["answer_len"] == D and data["y_test"].shape == (512, D)
+    # the answers are predicted after the last D tokens of x: the queries
+    assert (np.sort(data["x_test"][:, -D:], 1) == np.sort(data["x_test"][:, :2 * D:2], 1)).all()
+    model = nnx.eval_shape(lambda: registry.build_model(config, data))
+    assert nnx.eval_shape(lambda m, x: m(x), model, data["x_test"][:3]).shape == (3, D, vocab)
 
 
 def test_selective_copying_is_scored_on_its_answer_span():

@@ -116,9 +116,9 @@ def test_etsc():
 
 def _layer_classes():
     """Every class that defines a sequence layer's __call__ or step."""
-    from annotated_s4 import attention, gru, h3, layers, longconv, mamba
+    from annotated_s4 import attention, gru, h3, layers, longconv, mamba, mamba2
     return [layers.SSMLayer, layers.S4Layer, layers.S4DLayer, h3.ShiftSSM, h3.H3Layer,
-            attention.CausalSelfAttention, mamba.MambaBlock, gru.GRULayer,
+            attention.CausalSelfAttention, mamba.MambaBlock, mamba2.Mamba2Block, gru.GRULayer,
             longconv._LongConvolution, longconv.ETSCLayer]
 
 
