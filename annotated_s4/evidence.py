@@ -209,6 +209,19 @@ def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA, b_fixed=Fals
     return result
 
 
+def describe(result, scale=100, unit=" points", digits=1):
+    """One line for a `compare_arms` result: the difference, its interval over
+    the seeds (and over the items, where measured) and the verdict. Values
+    are multiplied by `scale` (100: accuracies in percentage points) and
+    printed with `digits` decimals and `unit` after the difference."""
+    f = lambda v: f"{scale * v:+.{digits}f}"
+    line = (f"{f(result['difference'])}{unit}, {result['level']:.1%} interval over seeds "
+            f"[{f(result['low'])}, {f(result['high'])}]")
+    if "items_low" in result:
+        line += f", over sequences [{f(result['items_low'])}, {f(result['items_high'])}]"
+    return line + (": established" if result["established"] else ": not established")
+
+
 def _t_interval(center, se, df, level):
     """center -/+ the (1 + level) / 2 quantile of Student's t with df degrees of freedom, times se."""
     half = float(stats.t.ppf((1 + level) / 2, df)) * se

@@ -7,6 +7,7 @@ measuring code. These are harnesses: the chapters call them, they do not show th
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import platform
@@ -22,12 +23,13 @@ from . import _checks as checks
 from .hippo import make_DPLR_HiPPO
 from .layers import S4Layer
 from .s4 import K_gen_inverse, conv_from_gen, hippo_ssm, kernel_DPLR
+from .ssd import SSD_ALGORITHMS
 from .ssm import K_conv, causal_convolution, discretize, random_SSM, scan_SSM
 
 __all__ = ["time_fn", "peak_bytes", "training_peak_bytes", "convolution_timings",
            "layer_scaling", "crossover", "KERNELS", "kernel_fns", "layer_kernel_fn",
            "kernel_scaling", "loglog_slope", "linearity", "generation_throughput", "op_count",
-           "device_info", "result_stem"]
+           "device_info", "result_stem", "ssd_inputs", "ssd_timings"]
 
 
 def _cpu_model():
@@ -425,4 +427,35 @@ def generation_throughput(models, prompts, n_new, *, batch=8, repeats=3, seed=1,
                      "tokens_per_s": batch * n_new / seconds})
         if log:
             log(f"  prompt {length:5d} {name:10s} {batch * n_new / seconds:10.0f} tokens/s")
+    return rows
+
+
+def ssd_inputs(L, *, batch=1, H=4, P=16, N=16, seed=0):
+    """Random X, a, B, C of one SSD layer, as Mamba-2 makes them: steps
+    Delta = softplus(normal - 4) (about 0.02), one decay rate A_h per head
+    between -1 and -e^2, a = Delta A, X = Delta x."""
+    kx, kd, kb, kc = jax.random.split(jax.random.PRNGKey(seed), 4)
+    dt = jax.nn.softplus(jax.random.normal(kd, (batch, L, H)) - 4.0)
+    A = -jnp.exp(jnp.linspace(0.0, 2.0, H))
+    X = jax.random.normal(kx, (batch, L, H, P)) * dt[..., None]
+    return (X, dt * A, jax.random.normal(kb, (batch, L, H, N)),
+            jax.random.normal(kc, (batch, L, H, N)))
+
+
+def ssd_timings(lengths, *, chunk=64, quadratic_max_L=4096, repeats=5, log=None, **sizes):
+    """Seconds per call (median, `time_fn`) of each of `ssd.SSD_ALGORITHMS`,
+    jitted, on `ssd_inputs(L, **sizes)` for each L of `lengths`: a list of rows
+    {"L": L, name: seconds}, the dual form None beyond `quadratic_max_L` (its
+    matrix M alone holds H L^2 numbers). `log(row)` is called after each row."""
+    chunk = checks.positive_int(chunk, "chunk")
+    fns = {name: jax.jit(functools.partial(fn, chunk=chunk)) for name, fn in SSD_ALGORITHMS.items()}
+    rows = []
+    for L in lengths:
+        args, row = ssd_inputs(checks.positive_int(L, "length"), **sizes), {"L": L}
+        for name, fn in fns.items():
+            skip = name == "quadratic" and L > quadratic_max_L
+            row[name] = None if skip else time_fn(fn, *args, repeats=repeats)
+        rows.append(row)
+        if log is not None:
+            log(row)
     return rows

@@ -9,7 +9,7 @@ width P = 16, state size N = 16, float32) computed by
   to QUADRATIC_MAX_L only: M alone is H L^2 numbers);
 * ``chunked``: `ssd_chunked` in chunks of CHUNK steps;
 
-each jitted, median of several runs after a warm-up (`annotated_s4.timing.time_fn`),
+each jitted, median of several runs after a warm-up (`annotated_s4.timing.ssd_timings`),
 at L = 256 .. 8192 (``--quick``: 128, 256, 512). Prints a table of medians,
 the ratios to the chunked algorithm and the log-log slope of each column, and
 writes benchmarks/results/selective.json (``--quick``: selective_quick.json;
@@ -27,45 +27,21 @@ import json
 import pathlib
 
 import jax
-import jax.numpy as jnp
 
-from annotated_s4 import ssd_chunked, ssd_quadratic, ssd_scan
-from annotated_s4.timing import device_info, loglog_slope, result_stem, time_fn
+from annotated_s4.ssd import SSD_ALGORITHMS
+from annotated_s4.timing import device_info, loglog_slope, result_stem, ssd_timings
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BATCH, H, P, N, CHUNK = 1, 4, 16, 16, 64
 QUADRATIC_MAX_L = 4096
-ALGORITHMS = {
-    "recurrent": jax.jit(lambda X, a, B, C: ssd_scan(X, a, B, C, method="recurrent")[0]),
-    "associative": jax.jit(lambda X, a, B, C: ssd_scan(X, a, B, C, method="associative")[0]),
-    "quadratic": jax.jit(ssd_quadratic),
-    "chunked": jax.jit(lambda X, a, B, C: ssd_chunked(X, a, B, C, CHUNK)[0]),
-}
+ALGORITHMS = tuple(SSD_ALGORITHMS)
 
 
-def inputs(L, seed=0):
-    """Random X, a, B, C of one SSD layer: a = Delta A < 0 as Mamba-2 makes it."""
-    kx, kd, kb, kc = jax.random.split(jax.random.PRNGKey(seed), 4)
-    dt = jax.nn.softplus(jax.random.normal(kd, (BATCH, L, H)) - 4.0)
-    A = -jnp.exp(jnp.linspace(0.0, 2.0, H))
-    X = jax.random.normal(kx, (BATCH, L, H, P)) * dt[..., None]
-    return (X, dt * A, jax.random.normal(kb, (BATCH, L, H, N)),
-            jax.random.normal(kc, (BATCH, L, H, N)))
-
-
-def sweep(lengths, repeats):
-    rows = []
-    for L in lengths:
-        args, row = inputs(L), {"L": L}
-        for name, fn in ALGORITHMS.items():
-            skip = name == "quadratic" and L > QUADRATIC_MAX_L
-            row[name] = None if skip else time_fn(fn, *args, repeats=repeats)
-        rows.append(row)
-        print(f"{L:>6} " + " ".join("       -" if row[k] is None else f"{1e3 * row[k]:8.2f}"
-                                    for k in ALGORITHMS) + "   "
-              + " ".join("     -" if row[k] is None else f"{row[k] / row['chunked']:6.1f}"
-                         for k in ALGORITHMS if k != "chunked"), flush=True)
-    return rows
+def print_row(row):
+    print(f"{row['L']:>6} " + " ".join("       -" if row[k] is None else f"{1e3 * row[k]:8.2f}"
+                                       for k in ALGORITHMS) + "   "
+          + " ".join("     -" if row[k] is None else f"{row[k] / row['chunked']:6.1f}"
+                     for k in ALGORITHMS if k != "chunked"), flush=True)
 
 
 def main(argv=None):
@@ -82,7 +58,8 @@ def main(argv=None):
           f"N = {N}, chunk {CHUNK}: median ms, then ratio to chunked")
     print(f"{'L':>6} " + " ".join(f"{k[:8]:>8}" for k in ALGORITHMS) + "   "
           + " ".join(f"{k[:6]:>6}" for k in ALGORITHMS if k != "chunked"))
-    out["rows"] = sweep(lengths, repeats)
+    out["rows"] = ssd_timings(lengths, chunk=CHUNK, quadratic_max_L=QUADRATIC_MAX_L,
+                              repeats=repeats, log=print_row, batch=BATCH, H=H, P=P, N=N)
     out["loglog_slopes"] = {k: loglog_slope([r["L"] for r in out["rows"]],
                                             [r[k] for r in out["rows"]]) for k in ALGORITHMS}
     print("log-log slope of time against L: "

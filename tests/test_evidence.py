@@ -283,3 +283,16 @@ def test_at_lengths_draws_the_task_again_and_builds_the_layers_for_the_length():
         evidence.at_lengths(name, [0])
     with pytest.raises(ValueError, match="not a recall task"):
         evidence.at_lengths("digits64-s4", [64])
+
+
+def test_describe_prints_the_difference_its_intervals_and_the_verdict():
+    rng = np.random.default_rng(0)
+    a = (rng.random((5, 200)) < 0.9).astype(float)
+    b = (rng.random((5, 200)) < 0.5).astype(float)
+    r = evidence.compare_arms(a, b, comparisons=2, items_independent=True)
+    line = evidence.describe(r)
+    assert line.startswith(f"{100 * r['difference']:+.1f} points, 97.5% interval over seeds [")
+    assert f"over sequences [{100 * r['items_low']:+.1f}, " in line
+    assert line.endswith(": established") and r["established"]
+    same = evidence.describe(evidence.compare_arms(a, a[::-1]), scale=1, unit="", digits=3)
+    assert "over sequences" not in same and same.endswith(": not established")

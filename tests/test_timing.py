@@ -193,3 +193,18 @@ def test_op_count_is_the_same_under_emulated_tf32():
     plain = op_count(lambda a, b: jnp.exp(a @ b), a, b)
     with emulate_tf32():
         assert op_count(lambda a, b: jnp.exp(a @ b), a, b) == plain
+
+
+def test_ssd_timings_time_every_algorithm_and_skip_the_long_dual_form():
+    from annotated_s4.ssd import SSD_ALGORITHMS
+    from annotated_s4.timing import ssd_inputs, ssd_timings
+
+    X, a, B, C = ssd_inputs(32, batch=2, H=3, P=4, N=5)
+    assert X.shape == (2, 32, 3, 4) and a.shape == (2, 32, 3) and B.shape == C.shape == (2, 32, 3, 5)
+    assert float(a.max()) < 0
+    logged = []
+    rows = ssd_timings((16, 32), chunk=8, quadratic_max_L=16, repeats=1, log=logged.append,
+                       H=2, P=4, N=4)
+    assert rows == logged and [r["L"] for r in rows] == [16, 32]
+    assert set(rows[0]) == {"L", *SSD_ALGORITHMS}
+    assert all(v > 0 for v in rows[0].values()) and rows[1]["quadratic"] is None
