@@ -20,7 +20,9 @@ from scipy import stats
 
 from . import _checks
 from .measure import RECORDED_BATCH
-from .runner import compare, held_out_items, kept_items, load_run, metrics_of_items
+from .runner import (compare, held_out_items, kept_items, load_model, load_run,
+                     metrics_of_items, read_config)
+from .registry import RECALL_TASKS
 from .runs import command, locate
 
 
@@ -45,22 +47,19 @@ def at_lengths(name, lengths, n=512, seed_offset=2):
     run's model with its layers built for length L (`load_run`'s `length`).
     Returns {L: (n, answers) bool array of right answers}, (n,) for one answer.
     """
-    from . import tasks
-
     directory = locate(name)
     _, data, run = load_run(directory)
-    config = run["config"]
+    config = read_config(run["config"], directory)
     if not data.get("last_token"):
-        raise ValueError(f"{name} is not a recall task (dataset {config['dataset']!r})")
-    task = getattr(tasks, config["dataset"].replace("-", "_"))
+        raise ValueError(f"{name} is not a recall task (dataset {config.dataset!r})")
+    task = RECALL_TASKS[config.dataset]
     n = _checks.positive_int(n, "n")
     right = {}
     for L in lengths:
         L = _checks.positive_int(L, "length")
-        x, y = task(np.random.default_rng(config["seed_data"] + seed_offset), n, seq_len=L,
-                    vocab_size=config["vocab_size"])
-        model, _, _ = load_run(directory, length=L)
-        right[L] = kept_items(directory, model, x, y)["right"]
+        x, y = task(np.random.default_rng(config.seed_data + seed_offset), n, seq_len=L,
+                    vocab_size=config.vocab_size)
+        right[L] = kept_items(directory, load_model(directory, config, data, L), x, y)["right"]
     return right
 
 

@@ -35,13 +35,14 @@ import numpy as np
 from flax import nnx
 
 from . import _checks as checks
+from . import tasks
 from .catalog import LAYERS
 from .checkpoint import CHECKPOINT_DTYPES
 from .config import add_arguments, add_layer_arguments, from_namespace
 from .models import LastTokenModel, StackedModel
 from .train import make_optimizer
 
-__all__ = ["DATASETS", "LAYERS", "RECALL_DEFAULTS", "CHARLM_DEFAULTS", "parser",
+__all__ = ["DATASETS", "LAYERS", "RECALL_TASKS", "RECALL_DEFAULTS", "CHARLM_DEFAULTS", "parser",
            "layer_parser", "parse", "parse_layer_options", "resolve", "load_dataset",
            "build_model", "build_optimizer", "count_params", "test_metrics"]
 
@@ -105,15 +106,21 @@ RECALL_DEFAULTS = {"induction-head": (30, 20), "associative-recall": (20, 10),
 CHARLM_DEFAULTS = {"seq_len": 128, "n_train": 20000, "n_test": 512}
 
 
-def _recall(name):
-    """A synthetic recall task (H3's two, delayed recall, selective copying,
-    MQAR): the label is the final token, or the final answer_len tokens, one
-    after each marker (each query); the model reads the sequence causally and is scored there
-    only."""
-    def load(config):
-        from . import tasks
+# The generated recall tasks by dataset name (`tasks`): H3's two, delayed
+# recall, selective copying and MQAR.
+RECALL_TASKS = {"induction-head": tasks.induction_head,
+                "associative-recall": tasks.associative_recall,
+                "delayed-recall": tasks.delayed_recall,
+                "selective-copying": tasks.selective_copying,
+                "mqar": tasks.multi_query_recall}
 
-        gen = getattr(tasks, name)
+
+def _recall(name):
+    """A synthetic recall task (`RECALL_TASKS`): the label is the final
+    token, or the final answer_len tokens, one after each marker (each
+    query); the model reads the sequence causally and is scored there only."""
+    def load(config):
+        gen = RECALL_TASKS[name]
         x_train, y_train = gen(np.random.default_rng(config.seed_data), 5000,
                                seq_len=config.seq_len, vocab_size=config.vocab_size)
         x_test, y_test = gen(np.random.default_rng(config.seed_data + 1), 512,
@@ -151,11 +158,11 @@ DATASETS = {
     "mnist-small": _mnist_small,
     "mnist-small-gen": _mnist_small_gen,
     "mnist": _mnist,
-    "induction-head": _recall("induction_head"),
-    "associative-recall": _recall("associative_recall"),
-    "delayed-recall": _recall("delayed_recall"),
-    "selective-copying": _recall("selective_copying"),
-    "mqar": _recall("multi_query_recall"),
+    "induction-head": _recall("induction-head"),
+    "associative-recall": _recall("associative-recall"),
+    "delayed-recall": _recall("delayed-recall"),
+    "selective-copying": _recall("selective-copying"),
+    "mqar": _recall("mqar"),
     "charlm": _charlm,
 }
 

@@ -182,11 +182,18 @@ def load_run(directory, length=None):
             f"{recorded['corpus_sha256'][:12]}...) than the package's corpus "
             f"({data['corpus_sha256'][:12]}...): evaluate it with the version of the "
             f"package it was trained with, or retrain it (make reference RUN=<name>)")
+    return load_model(directory, config, data, length), data, run
+
+
+def load_model(directory, config, data, length=None):
+    """The model of the run in `directory`: built from its checked `config`
+    (`read_config`) for the dataset `data` with layers for `length` positions
+    (default: the data's), filled with the checkpoint's weights."""
     # Built abstract (shapes only: no initialiser runs or compiles), then
     # filled with the checkpoint's arrays, which cover the whole state.
     model = nnx.eval_shape(lambda: build_model(config, data, length))
     load_checkpoint(directory, model)
-    return model, data, run
+    return model
 
 
 def evaluate_run(directory, cross_run=False):
