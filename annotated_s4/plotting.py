@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import textwrap
 
-__all__ = ["show", "glue", "source", "source_location", "mass_spring_animation"]
+__all__ = ["show", "glue", "source", "source_location", "block_diagram", "mass_spring_animation"]
 
 # The repository the book is published from; tests/test_tools.py checks that it
 # is the `repository` of _config.yml (which the launch buttons read).
@@ -85,6 +85,37 @@ def show(*objs):
         link = f"{REPOSITORY}/blob/{BRANCH}/{path}#L{first}-L{last}"
         caption = f"[`{path}:{first}`]({link})"
         display(Markdown(caption + "\n\n```python\n" + source(obj).rstrip() + "\n```"))
+
+
+def block_diagram(boxes, arrows, *, plain=(), xlim, ylim, figsize=(8, 3.0)):
+    """A block's data flow: labelled boxes joined by arrows, on a new figure.
+
+    boxes: {name: (x, y, label)}, the centres of the boxes; names in `plain`
+    are drawn without a frame (inputs, products). arrows: (from, to, start
+    offset, end offset, label, label offset) tuples, the offsets (dx, dy) from
+    the boxes' centres, the last two optional. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=figsize)
+    ax.set_axis_off()
+    for box, (bx, by, label) in boxes.items():
+        framed = box not in plain
+        ax.text(bx, by, label, ha="center", va="center", fontsize=9,
+                bbox=dict(boxstyle="round,pad=0.3", fc="#e8f0fe" if framed else "white",
+                          ec="0.5" if framed else "none"))
+    for a, b, da, db, *rest in arrows:
+        text, toff = rest + [None, (0, 0.08)][len(rest):]
+        (x0, y0, _), (x1, y1, _) = boxes[a], boxes[b]
+        start, end = (x0 + da[0], y0 + da[1]), (x1 + db[0], y1 + db[1])
+        ax.annotate("", xy=end, xytext=start,
+                    arrowprops=dict(arrowstyle="->", color="0.3", shrinkA=0, shrinkB=0))
+        if text:
+            ax.text((start[0] + end[0]) / 2 + toff[0], (start[1] + end[1]) / 2 + toff[1], text,
+                    fontsize=9, color="0.25", ha="center")
+    ax.set(xlim=xlim, ylim=ylim)
+    fig.tight_layout()
+    return fig
 
 
 def mass_spring_animation(t, u, y, path, frames=50, fps=10, dpi=60):

@@ -64,3 +64,22 @@ def test_glue_passes_numpy_scalars_as_python_numbers(monkeypatch):
     glue("b", "text", display=False)
     assert seen[0] == 0.5 and type(seen[0]) is float
     assert repr(seen[1]) == "text"   # a str shows as its text, without quotes
+
+
+def test_block_diagram_draws_each_box_and_arrow():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from annotated_s4.plotting import block_diagram
+
+    fig = block_diagram({"a": (0, 0, "in"), "b": (1, 0, "layer"), "c": (2, 0, "×")},
+                        [("a", "b", (0.2, 0), (-0.3, 0), "x"), ("b", "c", (0.3, 0), (-0.1, 0))],
+                        plain=("c",), xlim=(-1, 3), ylim=(-1, 1))
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert texts.count("in") == texts.count("layer") == texts.count("x") == 1
+    assert len([c for c in ax.get_children() if type(c).__name__ == "Annotation"]) == 2
+    framed = {t.get_text(): t.get_bbox_patch().get_edgecolor() for t in ax.texts if t.get_text() in ("layer", "×")}
+    assert framed["×"][3] == 0 and framed["layer"][3] == 1      # no frame on a plain box
+    assert ax.get_xlim() == (-1, 3)
+    plt.close(fig)
