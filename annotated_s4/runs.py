@@ -23,7 +23,7 @@ import tomllib
 from .checkpoint import RUN_FILES
 
 __all__ = ["ROOT", "TABLE", "RUNS", "PURPOSES", "read_table", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS",
-           "SELECTIVE_SEEDS", "INDUCTION_SEEDS", "MNIST_SEEDS", "CHARLM_SEEDS", "OPTIM_SEEDS",
+           "SELECTIVE_SEEDS", "INDUCTION_SEEDS", "MQAR_SEEDS", "MNIST_SEEDS", "CHARLM_SEEDS", "OPTIM_SEEDS",
            "MANIFEST", "RAW_URL", "RESULTS_MANIFEST", "run_dir", "command", "available",
            "manifest", "write_manifest", "locate", "results_manifest", "write_results_manifest",
            "locate_result"]
@@ -71,6 +71,7 @@ CHARLM_SEEDS = (0, 1, 2)           # charlm-<layer>[-seedK]
 SYNTHETIC_SEEDS = (0, 1, 2)        # {induction-head,associative-recall}-<layer>[-seedK]
 SELECTIVE_SEEDS = (0, 1, 2, 3, 4)  # selective-copying-<layer>[-seedK]
 INDUCTION_SEEDS = (0, 1, 2, 3, 4)  # induction64-<layer>[-seedK]
+MQAR_SEEDS = (0, 1, 2, 3, 4)       # mqar-<layer>[-seedK]
 MEMORY_LENGTHS = (64, 256, 1024, 4096)   # memory<L>-<layer>
 
 

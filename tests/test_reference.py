@@ -45,6 +45,8 @@ RE_EVALUATED_BY_PAGES = {
         lambda name: name.startswith("charlm-"),
     ("10_selection.md",):
         lambda name: name.startswith(("selective-copying-", "induction64-")),
+    ("11_duality.md",):
+        lambda name: name.startswith("mqar-"),
 }
 
 
@@ -187,6 +189,7 @@ def test_every_seed_of_a_family_is_its_seed_0_run_with_another_seed():
                                   "mamba-lti"),
                                  runs.SELECTIVE_SEEDS),
         "induction64-{}": (("mamba", "s4d", "h3", "attention"), runs.INDUCTION_SEEDS),
+        "mqar-{}": (("mamba2", "mamba", "h3", "attention"), runs.MQAR_SEEDS),
     }
     for pattern, (members, seeds) in families.items():
         for member in members:
