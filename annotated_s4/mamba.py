@@ -99,6 +99,14 @@ def _uniform(rngs, shape, bound):
     return jax.random.uniform(rngs.params(), shape, minval=-bound, maxval=bound)
 
 
+def step_bias(rngs, shape, dt_min, dt_max, dt_floor):
+    """The Δ bias of Mamba's blocks, softplus^{-1}(Δ_0) with Δ_0 log-uniform in
+    [dt_min, dt_max] and at least dt_floor: at initialisation the bias alone
+    puts softplus(bias) = Δ_0 in that range. A `SSMParam` of `shape`."""
+    step = jnp.exp(log_step_initializer(rngs.params(), shape, dt_min, dt_max))
+    return SSMParam(inverse_softplus(jnp.maximum(step, dt_floor)))
+
+
 class MambaBlock(nnx.Module):
     """The Mamba block on H channels (Gu and Dao 2023, section 3.4 and figure 3).
 
@@ -154,8 +162,7 @@ class MambaBlock(nnx.Module):
             self.dt_proj = Linear(R, E, use_bias=False, rngs=rngs,
                                   kernel_init=lambda key, shape, dtype: jax.random.uniform(
                                       key, shape, dtype, -R ** -0.5, R ** -0.5))
-        step = jnp.exp(log_step_initializer(rngs.params(), (E,), dt_min, dt_max))
-        self.dt_bias = SSMParam(inverse_softplus(jnp.maximum(step, dt_floor)))
+        self.dt_bias = step_bias(rngs, (E,), dt_min, dt_max, dt_floor)
         self.A_log = SSMParam(jnp.log(jnp.broadcast_to(jnp.arange(1.0, N + 1), (E, N))))
         self.D = nnx.Param(jnp.ones((E,)))
         self.out_proj = Linear(E, H, use_bias=False, rngs=rngs)

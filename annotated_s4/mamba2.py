@@ -31,8 +31,8 @@ from flax import nnx
 from . import _checks as checks
 from ._types import Array, Float
 from .catalog import SSMParam, option, register_layer
-from .layers import Linear, SSMOptions, log_step_initializer
-from .mamba import _uniform, causal_depthwise_conv, inverse_softplus
+from .layers import Linear, SSMOptions
+from .mamba import _uniform, causal_depthwise_conv, step_bias
 from .ssd import SSD_ALGORITHMS, discretize_ssd, ssd, ssd_step
 
 __all__ = ["mamba2_param_count", "Mamba2Block", "Mamba2Options", "gated_rmsnorm"]
@@ -105,8 +105,7 @@ class Mamba2Block(nnx.Module):
         self.in_proj = Linear(H, 2 * E + 2 * N + self.heads, use_bias=False, rngs=rngs)
         self.conv_w = nnx.Param(_uniform(rngs, (W, E + 2 * N), W ** -0.5))
         self.conv_b = nnx.Param(_uniform(rngs, (E + 2 * N,), W ** -0.5))
-        step = jnp.exp(log_step_initializer(rngs.params(), (self.heads,), dt_min, dt_max))
-        self.dt_bias = SSMParam(inverse_softplus(jnp.maximum(step, dt_floor)))
+        self.dt_bias = step_bias(rngs, (self.heads,), dt_min, dt_max, dt_floor)
         self.A_log = SSMParam(jnp.log(jax.random.uniform(rngs.params(), (self.heads,),
                                                          minval=1.0, maxval=16.0)))
         self.D = nnx.Param(jnp.ones((self.heads,)))

@@ -120,29 +120,23 @@ def test_independent_state_matrices_are_an_option():
         runner.run(_args(["--steps", "1", "--layer", "s4d", "--independent"]), log=None)
 
 
-def test_mqar_is_scored_on_every_query():
-    config = registry.parse(["--dataset", "mqar", "--layer", "mamba2", "--n-layers", "1",
+@pytest.mark.parametrize("dataset,layer", [("selective-copying", "s4d"), ("mqar", "mamba2")])
+def test_a_task_of_several_answers_is_scored_on_its_answer_span(dataset, layer):
+    """Selective copying (one answer after each marker) and MQAR (one after
+    each query): the label holds K answers, predicted after x's last K tokens."""
+    config = registry.parse(["--dataset", dataset, "--layer", layer, "--n-layers", "1",
                              "--d-model", "8"])
-    seq_len, vocab = registry.RECALL_DEFAULTS["mqar"]
-    assert (config.seq_len, config.vocab_size) == (seq_len, vocab)
-    data = registry.load_dataset(config)
-    D = seq_len // 3
-    assert data["answer_len"] == D and data["y_test"].shape == (512, D)
-    # the answers are predicted after the last D tokens of x: the queries
-    assert (np.sort(data["x_test"][:, -D:], 1) == np.sort(data["x_test"][:, :2 * D:2], 1)).all()
-    model = nnx.eval_shape(lambda: registry.build_model(config, data))
-    assert nnx.eval_shape(lambda m, x: m(x), model, data["x_test"][:3]).shape == (3, D, vocab)
-
-
-def test_selective_copying_is_scored_on_its_answer_span():
-    config = registry.parse(["--dataset", "selective-copying", "--layer", "s4d", "--n-layers", "1",
-                             "--d-model", "8"])
-    seq_len, vocab = registry.RECALL_DEFAULTS["selective-copying"]
+    seq_len, vocab = registry.RECALL_DEFAULTS[dataset]
     assert (config.seq_len, config.vocab_size) == (seq_len, vocab)
     data = registry.load_dataset(config)
     K = data["answer_len"]
     assert data["x_train"].shape == (5000, seq_len) and data["y_train"].shape == (5000, K)
-    model = registry.build_model(config, data)
-    # one prediction per marker: (batch, K, vocab), the label's shape plus the classes
-    assert model(data["x_test"][:3]).shape == (3, K, vocab)
-    assert registry.DATASET_HELP["selective-copying"].startswith(f"copy {K} data tokens")
+    assert data["y_test"].shape == (512, K)
+    model = nnx.eval_shape(lambda: registry.build_model(config, data))
+    # one prediction per answer: (batch, K, vocab), the label's shape plus the classes
+    assert nnx.eval_shape(lambda m, x: m(x), model, data["x_test"][:3]).shape == (3, K, vocab)
+    if dataset == "selective-copying":
+        assert registry.DATASET_HELP[dataset].startswith(f"copy {K} data tokens")
+    else:   # the last K tokens of x are the queries: the keys of the pairs, reordered
+        assert K == seq_len // 3
+        assert (np.sort(data["x_test"][:, -K:], 1) == np.sort(data["x_test"][:, :2 * K:2], 1)).all()
