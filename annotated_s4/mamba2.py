@@ -66,20 +66,23 @@ def gated_rmsnorm(y, z, weight, eps=1e-5):
 
 
 class Mamba2Block(nnx.Module):
-    """The Mamba-2 block on H channels (Dao and Gu 2024, section 7 and figure 6).
+    """The Mamba-2 block on H channels (Dao and Gu 2024, section 7).
 
     E = expand H inner channels in E / P heads of P = head_dim channels, N =
     state_size states, B and C shared by the heads, a causal conv of width W =
     conv_width over x, B and C. `algorithm` picks how the SSM runs
     (`ssd.SSD_ALGORITHMS`: the recurrence, sequential or as a parallel
-    scan, the dual form, or chunked in chunks of `chunk`). Initialisation as the authors' code:
+    scan, the dual form, or chunked in chunks of `chunk`). Initialisation as
+    the authors' code (Mamba2Simple), except the projections:
 
     * A_log (heads,) = log a, a uniform in [1, 16]: each head decays at its own rate;
     * the Δ bias = softplus^{-1}(Δ_0), Δ_0 log-uniform in [dt_min, dt_max]
       (at least dt_floor), one per head;
     * D (heads,) = 1, the norm's weights 1;
-    * the conv's taps and bias uniform in +-W^{-1/2}; the projections
-      lecun-normal (the package's `Linear`).
+    * the conv's taps and bias uniform in +-W^{-1/2} (PyTorch's default);
+    * the projections lecun-normal (the package's `Linear`, as in every layer
+      of the book), where PyTorch's default is uniform in +-fan_in^{-1/2}, a
+      third of that variance.
 
     A_log and the Δ bias are `SSMParam`s (their own learning rate, no weight
     decay). Parameters: `mamba2_param_count`.
