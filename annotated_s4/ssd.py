@@ -38,8 +38,7 @@ __all__ = [
     "ssd_chunked",
     "ssd_step",
     "SSD_ALGORITHMS",
-    "ssd",
-]
+]  # and `ssd`, left out of the package's namespace, where the name is this module's
 
 
 def discretize_ssd(x, dt, A):
