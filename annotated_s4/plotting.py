@@ -87,13 +87,14 @@ def show(*objs):
         display(Markdown(caption + "\n\n```python\n" + source(obj).rstrip() + "\n```"))
 
 
-def block_diagram(boxes, arrows, *, plain=(), xlim, ylim, figsize=(8, 3.0)):
+def block_diagram(boxes, arrows, *, plain=(), xlim, ylim, figsize=(8, 3.0), fontsize=9):
     """A block's data flow: labelled boxes joined by arrows, on a new figure.
 
     boxes: {name: (x, y, label)}, the centres of the boxes; names in `plain`
     are drawn without a frame (inputs, products). arrows: (from, to, start
     offset, end offset, label, label offset) tuples, the offsets (dx, dy) from
-    the boxes' centres, the last two optional. Returns the figure.
+    the boxes' centres, the last two optional; text in `fontsize` points.
+    Returns the figure.
     """
     import matplotlib.pyplot as plt
 
@@ -101,7 +102,7 @@ def block_diagram(boxes, arrows, *, plain=(), xlim, ylim, figsize=(8, 3.0)):
     ax.set_axis_off()
     for box, (bx, by, label) in boxes.items():
         framed = box not in plain
-        ax.text(bx, by, label, ha="center", va="center", fontsize=9,
+        ax.text(bx, by, label, ha="center", va="center", fontsize=fontsize,
                 bbox=dict(boxstyle="round,pad=0.3", fc="#e8f0fe" if framed else "white",
                           ec="0.5" if framed else "none"))
     for a, b, da, db, *rest in arrows:
@@ -112,7 +113,7 @@ def block_diagram(boxes, arrows, *, plain=(), xlim, ylim, figsize=(8, 3.0)):
                     arrowprops=dict(arrowstyle="->", color="0.3", shrinkA=0, shrinkB=0))
         if text:
             ax.text((start[0] + end[0]) / 2 + toff[0], (start[1] + end[1]) / 2 + toff[1], text,
-                    fontsize=9, color="0.25", ha="center")
+                    fontsize=fontsize, color="0.25", ha="center")
     ax.set(xlim=xlim, ylim=ylim)
     fig.tight_layout()
     return fig
