@@ -57,7 +57,7 @@ def _evaluate(args):
 def _sample(args):
     checks.positive_int(args.n, "--n")
     model, data, _ = load_run(args.run)
-    x = np.asarray(data["x_test"][:args.n])
+    x = np.asarray(data.x_test[:args.n])
     length = args.length or x.shape[1]
     prompt = x.shape[1] // 2 if args.prompt is None else args.prompt
     if not 0 <= prompt <= min(length, x.shape[1]):
@@ -65,7 +65,7 @@ def _sample(args):
     tokens = np.asarray(generate(model, length, key=jax.random.PRNGKey(args.seed),
                                  batch_size=len(x), prefix=x[:, :prompt] if prompt else None,
                                  temperature=args.temperature))
-    vocab = data.get("vocab")
+    vocab = data.vocab
     for row in tokens:
         print("".join(vocab[t] for t in row) if vocab else " ".join(map(str, row)))
     return tokens

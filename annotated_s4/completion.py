@@ -79,11 +79,11 @@ def completions_on_a_boundary(model, classifier, digits, completed, *, seed=0,
 
 def completion_metrics(model, classifier, data):
     """The metrics of a digit generator `model` that `classifier` scores on
-    the test digits of `data` (the registry's dataset dict): completion_accuracy
+    the test digits of `data` (a `datasets.Dataset`): completion_accuracy
     (`completion_accuracy`), with its tolerance, the fraction of digits whose
     completion or reading sits on a float32 boundary (`completions_on_a_boundary`)."""
-    accuracy, completed = completion_accuracy(model, classifier, data["x_test"],
-                                              data["labels_test"])
-    near = completions_on_a_boundary(model, classifier, data["x_test"], completed)
+    accuracy, completed = completion_accuracy(model, classifier, data.x_test,
+                                              data.labels_test)
+    near = completions_on_a_boundary(model, classifier, data.x_test, completed)
     return {"completion_accuracy": accuracy,
             "tolerance": {"completion_accuracy": float(near.mean()) + UNIT_ROUNDOFF}}

@@ -22,7 +22,7 @@ from . import _checks
 from .measure import RECORDED_BATCH
 from .runner import (compare, held_out_items, kept_items, load_model, load_run,
                      metrics_of_items, read_config)
-from .registry import RECALL_TASKS
+from .datasets import RECALL_TASKS
 from .runs import command, locate
 
 
@@ -50,7 +50,7 @@ def at_lengths(name, lengths, n=512, seed_offset=2):
     directory = locate(name)
     _, data, run = load_run(directory)
     config = read_config(run["config"], directory)
-    if not data.get("last_token"):
+    if not data.recall:
         raise ValueError(f"{name} is not a recall task (dataset {config.dataset!r})")
     task = RECALL_TASKS[config.dataset]
     n = _checks.positive_int(n, "n")
@@ -248,7 +248,7 @@ def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_wind
         raise ValueError(f"train_windows must be a positive int, got {train_windows!r}")
     directory = locate(name)
     model, data, run = load_run(directory)
-    if data["y_test"] is not None:
+    if data.task != "generate":
         raise ValueError(f"{name} is not a next-step model (it has labels): "
                          f"use reevaluate_classifier")
     config = run["config"]
@@ -260,7 +260,7 @@ def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_wind
     batch = min(RECORDED_BATCH, train_windows)
     items, metrics = reproduced(name, directory, model, data, run, batch)
     nll = np.asarray(items["nll"], np.float64)                      # (windows, tokens)
-    train = kept_items(directory, model, data["x_train"][:train_windows], batch_size=batch)
+    train = kept_items(directory, model, data.x_train[:train_windows], batch_size=batch)
     bits = 1 / np.log(2)
     return {**run, "model": model, "recomputed": metrics, "window_bits": nll.mean(1) * bits,
             "train_bits": float(np.asarray(train["nll"], np.float64).mean() * bits)}

@@ -58,8 +58,8 @@ def config_of(config, data):
     """The run's config.json: the options that define it, and the hash of the
     text for a language model."""
     recorded = config.recorded()
-    if "corpus_sha256" in data:
-        recorded["corpus_sha256"] = data["corpus_sha256"]
+    if data.corpus_sha256 is not None:
+        recorded["corpus_sha256"] = data.corpus_sha256
     return recorded
 
 
@@ -103,7 +103,7 @@ def run(config, log=print, devices=None, cross_run=False):
     history = _resume(config, model, optimizer, recorded, log)
     n_params = count_params(model)
     log(f"{config.layer} on {config.dataset}: {n_params:,} parameters, "
-        f"L = {data['x_train'].shape[1]}, {n_dev} device(s)")
+        f"L = {data.x_train.shape[1]}, {n_dev} device(s)")
 
     def checkpoint(step, history):
         if (config.out and config.ckpt_every and step % config.ckpt_every == 0
@@ -112,7 +112,7 @@ def run(config, log=print, devices=None, cross_run=False):
                             {"config": recorded, "history": history})
 
     start = time.perf_counter()
-    history = fit(model, data["x_train"], data["y_train"], data["x_test"], data["y_test"],
+    history = fit(model, data.x_train, data.y_train, data.x_test, data.y_test,
                   steps=config.steps, batch_size=config.batch_size,
                   seed=config.seed, eval_every=config.eval_every, log=log,
                   log_every=config.log_every, optimizer=optimizer, mesh=mesh, history=history,
@@ -121,7 +121,7 @@ def run(config, log=print, devices=None, cross_run=False):
     if config.checkpoint_dtype is not None:
         # the run is the weights its checkpoint stores: score those
         round_weights(model, config.checkpoint_dtype)
-        final = evaluate(model, data["x_test"], data["y_test"], mesh=mesh)
+        final = evaluate(model, data.x_test, data.y_test, mesh=mesh)
     metrics = {**test_metrics(final, data),
                **(cross_run_metrics(config, data, model) if cross_run else {}),
                "steps": config.steps, "parameters": n_params, "devices": n_dev,
@@ -176,11 +176,11 @@ def load_run(directory, length=None):
     recorded = run["config"]
     config = read_config(recorded, directory)
     data = load_dataset(config)
-    if data.get("corpus_sha256", recorded.get("corpus_sha256")) != recorded.get("corpus_sha256"):
+    if data.corpus_sha256 not in (None, recorded.get("corpus_sha256")):
         raise ValueError(
             f"{directory} was trained on a different text (sha256 "
             f"{recorded['corpus_sha256'][:12]}...) than the package's corpus "
-            f"({data['corpus_sha256'][:12]}...): evaluate it with the version of the "
+            f"({data.corpus_sha256[:12]}...): evaluate it with the version of the "
             f"package it was trained with, or retrain it (make reference RUN=<name>)")
     return load_model(directory, config, data, length), data, run
 
@@ -288,7 +288,7 @@ def _locked(path):
 def held_out_items(directory, model, data, batch_size=RECORDED_BATCH):
     """`measure_items` of a loaded run (`load_run`) on its test set, at float32
     matmul precision, kept as `kept_items` keeps them."""
-    return kept_items(directory, model, data["x_test"], data["y_test"], batch_size)
+    return kept_items(directory, model, data.x_test, data.y_test, batch_size)
 
 
 def kept_items(directory, model, x, y=None, batch_size=RECORDED_BATCH):

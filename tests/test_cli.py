@@ -84,7 +84,7 @@ def test_generation_dataset_reports_nll_and_samples(tmp_path, capsys):
     # sample: test sequences completed from their first 10 pixels, one per line
     capsys.readouterr()
     tokens = cli.main(["sample", str(out), "--n", "2", "--prompt", "10", "--seed", "1"])
-    x_test = runner.load_run(str(out))[1]["x_test"]
+    x_test = runner.load_run(str(out))[1].x_test
     assert tokens.shape == (2, 64)
     np.testing.assert_array_equal(tokens[:, :10], x_test[:2, :10])
     assert capsys.readouterr().out.splitlines()[0] == " ".join(map(str, tokens[0]))

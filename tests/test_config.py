@@ -96,7 +96,10 @@ def test_unknown_names_and_dataset_sizes_are_resolved_by_the_registry():
     with pytest.raises(ValueError, match="--vocab-size does not apply to charlm"):
         registry.resolve(RunConfig(dataset="charlm", vocab_size=5))
     resolved = registry.resolve(RunConfig(dataset="induction-head"))
-    assert (resolved.seq_len, resolved.vocab_size) == registry.RECALL_DEFAULTS["induction-head"]
+    entry = registry.DATASETS["induction-head"]
+    assert (resolved.seq_len, resolved.vocab_size) == (entry.seq_len, entry.vocab_size)
+    with pytest.raises(ValueError, match="--seq-len does not apply to digits"):
+        registry.resolve(RunConfig(dataset="digits", seq_len=100))   # its images fix it
 
 
 def test_an_option_of_another_layer_is_refused_naming_both():

@@ -13,7 +13,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "annotated_s4"
 # beside them, the experiment side, the command line.
 CHAIN = ["_checks", "_types", "precision", "ssm", "hippo", "s4", "probe", "toeplitz", "selective", "ssd",
          "decoders", "catalog", "layers", "h3", "attention",
-         "gru", "longconv", "mamba", "mamba2", "models", "train", "sample", "checkpoint", "data", "tasks", "timing",
+         "gru", "longconv", "mamba", "mamba2", "models", "train", "sample", "checkpoint", "data", "tasks", "datasets", "timing",
          "plotting", "config", "registry", "runs", "measure", "completion", "runner", "reference",
          "evidence", "cli", "__main__"]
 # The package's namespace re-exports the library, never the runner.

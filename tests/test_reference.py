@@ -100,7 +100,7 @@ def _replay(name, n_steps):
     # The optimiser's schedule spans the run's steps; fit stops after n_steps.
     optimizer = registry.build_optimizer(config, model)
     with jax.default_matmul_precision("float32"):   # as the CPU that recorded it multiplied
-        history = train.fit(model, data["x_train"], data["y_train"], steps=n_steps,
+        history = train.fit(model, data.x_train, data.y_train, steps=n_steps,
                             batch_size=config.batch_size, seed=config.seed, log=None,
                             optimizer=optimizer)
     return history["train_loss"], recorded["history"]["train_loss"][:n_steps]
@@ -303,7 +303,7 @@ def test_the_check_passes_unmoved_and_reports_each_metrics_tolerance():
     assert not reference.compare(run["metrics"], metrics)
     tolerance = metrics["tolerance"]
     assert set(tolerance) == {"test_loss", "test_accuracy"}
-    assert tolerance["test_accuracy"] < 1 / len(run["data"]["y_test"])
+    assert tolerance["test_accuracy"] < 1 / len(run["data"].y_test)
     assert 0 < tolerance["test_loss"] < 1e-2 * metrics["test_loss"]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from annotated_s4 import registry, runner
 from annotated_s4.catalog import LayerEntry
+from annotated_s4.datasets import Dataset, DatasetEntry
 from conftest import TINY, one_step as _one_step, tiny_options
 
 
@@ -18,8 +19,27 @@ def _args(extra):
 def test_registries_are_plain_dicts():
     assert isinstance(registry.DATASETS, dict) and isinstance(registry.LAYERS, dict)
     assert {"digits", "digits-784", "digits-gen"} <= set(registry.DATASETS)
+    assert all(isinstance(entry, DatasetEntry) for entry in registry.DATASETS.values())
     assert {"ssm", "s4", "s4d"} <= set(registry.LAYERS)
     assert all(isinstance(entry, LayerEntry) for entry in registry.LAYERS.values())
+
+
+def test_a_dataset_states_its_task_and_refuses_labels_that_contradict_it():
+    x, y = np.zeros((4, 6), np.int32), np.zeros(4, np.int32)
+    recall = Dataset("recall", x, x, 5, y, y, vocab_size=5)
+    assert recall.recall and not recall.classification and recall.length == 7
+    assert Dataset("classify", x, x, 10, y, y).length == 6
+    with pytest.raises(ValueError, match="task must be one of"):
+        Dataset("regress", x, x, 1, y, y)
+    with pytest.raises(ValueError, match="no labels"):
+        Dataset("generate", x, x, 5, y, y)
+    with pytest.raises(ValueError, match="y_train and y_test must both be given"):
+        Dataset("classify", x, x, 10, y, None)
+    with pytest.raises(ValueError, match="answer_len is for recall tasks"):
+        Dataset("classify", x, x, 10, y, y, answer_len=2)
+    # the help lists each dataset's default sizes, from its one declaration
+    assert DatasetEntry(None, "h", 24, 64).defaults() == " (default --seq-len 24, --vocab-size 64)"
+    assert "mqar: multi-query" in registry.epilog() and DatasetEntry(None, "h").defaults() == ""
 
 
 @pytest.mark.parametrize("dataset", ["mnist-small", "mnist-small-gen"])
@@ -27,10 +47,11 @@ def test_the_offline_mnist_digits_are_datasets(dataset):
     # S4D: the Part I SSM's kernel needs smaller steps at 784 (chapter 6)
     args = _args(["--dataset", dataset, "--layer", "s4d", "--steps", "1"])
     data = registry.load_dataset(args)
-    assert data["x_train"].shape[:2] == (4000, 784) and len(data["x_test"]) == 1000
-    assert data["d_output"] == (10 if dataset == "mnist-small" else 256)
+    assert data.x_train.shape[:2] == (4000, 784) and len(data.x_test) == 1000
+    assert data.d_output == (10 if dataset == "mnist-small" else 256)
+    assert data.task == ("classify" if dataset == "mnist-small" else "generate")
     model = registry.build_model(args, data)  # reads them: a class per digit, a level per pixel
-    out = model(data["x_test"][:2])
+    out = model(data.x_test[:2])
     assert out.shape == ((2, 10) if dataset == "mnist-small" else (2, 784, 256))
     assert np.all(np.isfinite(out))
 
@@ -58,7 +79,8 @@ def test_token_layers_train_on_the_recall_tasks(tmp_path, layer, dataset):
     result = runner.run(registry.parse(_one_step(
         layer, dataset, ["--n-layers", "2", "--n-heads", "2", "--out", str(out)])), log=None)
     config = json.loads((out / "config.json").read_text())
-    seq_len, vocab = registry.RECALL_DEFAULTS[dataset]  # the paper's task sizes by default
+    entry = registry.DATASETS[dataset]   # the paper's task sizes by default
+    seq_len, vocab = entry.seq_len, entry.vocab_size
     assert (config["seq_len"], config["vocab_size"]) == (seq_len, vocab)
     assert config["layer_options"]["head_dim"] == 4 and config["layer_options"]["n_heads"] == 2
     assert np.isfinite(json.loads((out / "metrics.json").read_text())["test_loss"])
@@ -126,17 +148,19 @@ def test_a_task_of_several_answers_is_scored_on_its_answer_span(dataset, layer):
     each query): the label holds K answers, predicted after x's last K tokens."""
     config = registry.parse(["--dataset", dataset, "--layer", layer, "--n-layers", "1",
                              "--d-model", "8"])
-    seq_len, vocab = registry.RECALL_DEFAULTS[dataset]
+    entry = registry.DATASETS[dataset]
+    seq_len, vocab = entry.seq_len, entry.vocab_size
     assert (config.seq_len, config.vocab_size) == (seq_len, vocab)
     data = registry.load_dataset(config)
-    K = data["answer_len"]
-    assert data["x_train"].shape == (5000, seq_len) and data["y_train"].shape == (5000, K)
-    assert data["y_test"].shape == (512, K)
+    K = data.answer_len
+    assert data.task == "recall" and data.length == seq_len + 1
+    assert data.x_train.shape == (5000, seq_len) and data.y_train.shape == (5000, K)
+    assert data.y_test.shape == (512, K)
     model = nnx.eval_shape(lambda: registry.build_model(config, data))
     # one prediction per answer: (batch, K, vocab), the label's shape plus the classes
-    assert nnx.eval_shape(lambda m, x: m(x), model, data["x_test"][:3]).shape == (3, K, vocab)
+    assert nnx.eval_shape(lambda m, x: m(x), model, data.x_test[:3]).shape == (3, K, vocab)
     if dataset == "selective-copying":
-        assert registry.DATASET_HELP[dataset].startswith(f"copy {K} data tokens")
+        assert entry.help.startswith(f"copy {K} data tokens")
     else:   # the last K tokens of x are the queries: the keys of the pairs, reordered
         assert K == seq_len // 3
-        assert (np.sort(data["x_test"][:, -K:], 1) == np.sort(data["x_test"][:, :2 * K:2], 1)).all()
+        assert (np.sort(data.x_test[:, -K:], 1) == np.sort(data.x_test[:, :2 * K:2], 1)).all()

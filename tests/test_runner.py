@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 from annotated_s4 import cli, registry, runner, train
+from annotated_s4.datasets import Dataset
 from conftest import TINY, one_step
 
 
@@ -111,7 +112,10 @@ def test_bad_arguments_raise():
 
 # --- Re-evaluation as a measurement: the tolerance of `runner.compare` ------------------
 
-def _metrics(logp, y, data={"y_train": np.zeros(1)}):
+_LABELLED = Dataset("classify", np.zeros((1, 1)), np.zeros((1, 1)), 10, np.zeros(1), np.zeros(1))
+
+
+def _metrics(logp, y, data=_LABELLED):
     """Test metrics with their tolerances, from log-probabilities (n, classes)."""
     stats = {k: np.asarray(v) for k, v in runner.item_statistics(logp, y).items()}
     return runner.metrics_of_items(stats, data)   # recorded in batches of 256 of the 400
@@ -174,12 +178,12 @@ def test_a_float32_evaluation_stays_within_its_rounding_bound():
 
     directory = reference.locate("digits64-s4")
     model, data, _ = runner.load_run(directory)
-    logp32 = log_probs(model, data["x_test"], data["d_output"])
+    logp32 = log_probs(model, data.x_test, data.d_output)
     assert logp32.dtype == np.float32
     jax.config.update("jax_enable_x64", True)
     try:
         model64, _, _ = runner.load_run(directory)   # the same float32 weights
-        logp64 = log_probs(model64, data["x_test"].astype(np.float64), data["d_output"])
+        logp64 = log_probs(model64, data.x_test.astype(np.float64), data.d_output)
         assert logp64.dtype == np.float64                # computed in float64
     finally:
         jax.config.update("jax_enable_x64", False)
@@ -209,7 +213,7 @@ def test_a_kept_re_evaluation_is_read_back_and_a_changed_run_is_measured_again(
     metrics, run = runner.evaluate_run(str(out))
     assert not measured and not runner.compare(run["metrics"], metrics)
 
-    x_part, y_part = data["x_train"][:5], data["y_train"][:5]   # other items: kept apart
+    x_part, y_part = data.x_train[:5], data.y_train[:5]   # other items: kept apart
     part = runner.kept_items(str(out), model, x_part, y_part)
     assert measured == [1] and len(list((tmp_path / "kept").glob("*.npz"))) == 2
     np.testing.assert_array_equal(part["nll"], runner.kept_items(str(out), model, x_part, y_part)["nll"])
