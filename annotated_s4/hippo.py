@@ -71,8 +71,10 @@ def make_DPLR_HiPPO(N, conj=False):
     eigenvalues -1/2 + i Lambda_imag. -i S itself is not Hermitian (its diagonal
     is i/2), but -i K = -i (S + I/2) is: we diagonalise it with `eigh` (exact
     to rounding, with an orthonormal V), whose real eigenvalues are Lambda_imag.
-    (`eigh` reads one triangle and takes the diagonal as real, so eigh(-i S),
-    as the Annotated S4 and the S4 authors' code write it, gives the same.)
+    (eigh(-i S), as the Annotated S4 and the S4 authors' code write it, gives
+    the same: a LAPACK-based `eigh` (PyTorch's, NumPy's) reads one triangle and
+    takes the diagonal as real, and `jax.numpy.linalg.eigh` first symmetrises
+    its input to (a + a^H) / 2, which is -i K.)
 
     conj=True (N even): S is real, so its eigenvalues and eigenvectors come in
     conjugate pairs (A itself is lower triangular, with the real eigenvalues
