@@ -42,9 +42,9 @@ RE_EVALUATED_BY_PAGES = {
      "06c_generation.md"):
         lambda name: reference.RUNS[name][1] in ("mnist-small", "mnist-small-gen"),
     ("07c_language_model.md",):
-        lambda name: name.startswith("charlm-"),
+        lambda name: name.startswith("charlm-") and not name.startswith("charlm-mamba"),
     ("10_selection.md",):
-        lambda name: name.startswith(("selective-copying-", "induction64-")),
+        lambda name: name.startswith(("selective-copying-", "induction64-", "charlm-mamba")),
     ("11_duality.md",):
         lambda name: name.startswith("mqar-"),
 }
@@ -184,7 +184,7 @@ def test_every_seed_of_a_family_is_its_seed_0_run_with_another_seed():
         "optim-{}": (("recipe", "decay", "fullrate"), reference.OPTIM_SEEDS),
         "mnist-{}": (("s4", "s4d", "gru", "s4-gaussian", "ssm-dt01", "s4-dt01"),
                      reference.MNIST_SEEDS),
-        "charlm-{}": (("h3", "hybrid", "attention", "s4d"), reference.CHARLM_SEEDS),
+        "charlm-{}": (("h3", "hybrid", "attention", "s4d", "mamba"), reference.CHARLM_SEEDS),
         "selective-copying-{}": (("mamba", "s4d", "h3", "attention", "v10-s4d", "s4d-w44",
                                   "mamba-lti"),
                                  runs.SELECTIVE_SEEDS),
