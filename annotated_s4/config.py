@@ -20,6 +20,7 @@ import dataclasses
 from . import _checks as checks
 from .catalog import LAYERS, LayerOptions, flag, option_type
 from .checkpoint import CHECKPOINT_DTYPES
+from .train import SCHEDULES
 
 __all__ = ["RunConfig", "add_arguments", "add_layer_arguments", "from_namespace",
            "layer_options"]
@@ -69,6 +70,9 @@ class RunConfig:
     warmup: int = _option(0, "steps over which the learning rates rise linearly from 0 to "
                           "their peaks before the cosine decay (0: start at the peaks)",
                           _TRAINING)
+    schedule: str = _option("cosine", "the learning rates after the warm-up: cosine (decay to "
+                            "1%% of the peak at the last step) or constant (no decay)",
+                            _TRAINING)
     ssm_lr: float = _option(1e-3, "learning rate of the state-space parameters (A or Lambda, "
                             "P, B, log step), trained without weight decay (S4's recipe); 0: "
                             "train them like every other parameter", _TRAINING)
@@ -125,6 +129,8 @@ class RunConfig:
             raise ValueError("--ssm-weight-decay needs --ssm-lr above 0 (with --ssm-lr 0 every "
                              "parameter trains with --weight-decay)")
         checks.number(self.dropout, "--dropout", low=0.0, high=1.0, high_open=True)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"--schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
         if self.checkpoint_dtype is not None and self.checkpoint_dtype not in CHECKPOINT_DTYPES:
             raise ValueError(f"--checkpoint-dtype must be one of {list(CHECKPOINT_DTYPES)}, "
                              f"got {self.checkpoint_dtype!r}")

