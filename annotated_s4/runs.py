@@ -23,7 +23,7 @@ import tomllib
 from .checkpoint import RUN_FILES
 
 __all__ = ["ROOT", "TABLE", "RUNS", "PURPOSES", "read_table", "MEMORY_LENGTHS", "SYNTHETIC_SEEDS",
-           "SELECTIVE_SEEDS", "INDUCTION_SEEDS", "MQAR_SEEDS", "MNIST_SEEDS", "INIT_SEEDS", "CHARLM_SEEDS", "OPTIM_SEEDS",
+           "SELECTIVE_SEEDS", "INDUCTION_SEEDS", "MQAR_SEEDS", "MNIST_SEEDS", "INIT_SEEDS", "CONSTANT_SEEDS", "CHARLM_SEEDS", "OPTIM_SEEDS",
            "MANIFEST", "RAW_URL", "RESULTS_MANIFEST", "run_dir", "command", "available",
            "manifest", "write_manifest", "locate", "results_manifest", "write_results_manifest",
            "locate_result"]
@@ -68,6 +68,7 @@ RUNS, PURPOSES = read_table()
 OPTIM_SEEDS = (0, 1, 2)            # optim-{recipe,decay,fullrate}[-seedK]
 MNIST_SEEDS = (0, 1, 2)            # mnist-<layer>[-seedK]
 INIT_SEEDS = (0, 1, 2, 3, 4)      # init-{mnist,pmnist}-{hippo,gaussian}[-seedK]
+CONSTANT_SEEDS = (0, 1, 2, 3, 4)  # memory1024-const-{s4,s4-random}[-seedK]
 CHARLM_SEEDS = (0, 1, 2)           # charlm-<layer>[-seedK]
 SYNTHETIC_SEEDS = (0, 1, 2)        # {induction-head,associative-recall}-<layer>[-seedK]
 SELECTIVE_SEEDS = (0, 1, 2, 3, 4)  # selective-copying-<layer>[-seedK]
