@@ -146,13 +146,17 @@ def _resume(config, model, optimizer, recorded, log):
     if not (config.out and config.resume
             and os.path.exists(os.path.join(config.out, CHECKPOINT))):
         return None
-    step, extra, _ = read_checkpoint_info(config.out)
+    step, extra, has_optimizer = read_checkpoint_info(config.out)
     saved = extra.get("config")
     saved = _present(saved, f"{config.out}/{CHECKPOINT}") if saved else {}
     if saved != recorded:
         changed = _differences(saved, recorded)
         raise ValueError(f"--resume: the checkpoint in {config.out} was written with a "
                          f"different configuration (differs in: {', '.join(changed)})")
+    if not has_optimizer:           # the final checkpoint keeps the weights only
+        raise ValueError(f"--resume: {config.out} holds a finished run (step {step}); its "
+                         f"checkpoint keeps the weights, not the optimiser's state, so it "
+                         f"cannot be continued: train into a new --out")
     load_checkpoint(config.out, model, optimizer)
     log(f"resumed from {config.out} at step {step}")
     return extra["history"]

@@ -70,6 +70,14 @@ def test_resume_refuses_a_different_configuration(tmp_path):
                          str(tmp_path)]), log=None)
 
 
+def test_resume_refuses_a_finished_run_by_name(tmp_path):
+    args = ["--dataset", "digits", "--d-model", "4", "--steps", "2", "--batch-size", "8",
+            "--out", str(tmp_path), "--resume"]
+    runner.run(registry.parse(args), log=None)
+    with pytest.raises(ValueError, match="finished run"):
+        runner.run(registry.parse(args), log=None)
+
+
 def test_resume_refuses_other_head_count(tmp_path):
     # the token run of test_registry's test_every_layer_trains_on_both_kinds_of_data
     # [attention] (its programs are compiled once): 4 heads, the layer's default
