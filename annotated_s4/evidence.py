@@ -105,7 +105,8 @@ def mcnemar_pairings(pairings):
 # an independent training run, while the items are one fixed test set that
 # every run reads. So `compare_arms` reduces each seed to its mean over the
 # items and compares the two models' seed means with Welch's t interval. A
-# difference is established when its interval excludes zero. A page that draws
+# difference is established when its interval excludes zero and each arm has
+# at least five seeds (the last rule, below). A page that draws
 # conclusions from m comparisons gives each an interval at level 1 - alpha/m
 # (Bonferroni), so that the chance of any false "established" among those m
 # comparisons (the ones the page counts) is nominally below alpha = 0.05.
@@ -117,8 +118,16 @@ def mcnemar_pairings(pairings):
 # seeds a side, normal seed means and one spread 4 to 10 times the other, it
 # calls a difference between identical models "established" about 1.3 to 1.8
 # times as often as its level allows at the Bonferroni tails (level 1 - 0.05/6).
+#
+# Hence the procedure's last rule: a difference is *established* only when its
+# interval excludes zero and every arm that has seeds has at least
+# MIN_SEEDS = 5 of them. With fewer, the interval is still reported (and
+# `excludes_zero` says on which side it lies), but no conclusion is drawn:
+# three seeds cannot check the normality the interval assumes, and with
+# unequal spreads they leave it liberal, as above.
 
 ALPHA = 0.05
+MIN_SEEDS = 5
 
 
 def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA, b_fixed=False,
@@ -130,8 +139,9 @@ def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA, b_fixed=Fals
     each held-out item (1/0 for right/wrong, or a per-item loss), the same items
     in the same order for both; at least 2 seeds a side. Returns a dict:
     difference, low, high, level, df (the Welch-Satterthwaite degrees of
-    freedom), seeds (seeds_a, seeds_b), items, established (the interval
-    excludes 0).
+    freedom), seeds (seeds_a, seeds_b), items, excludes_zero (the interval
+    excludes 0), established (it excludes 0 and each arm that has seeds has
+    at least MIN_SEEDS of them: the book draws no conclusion from fewer).
 
     b_fixed: B is deterministic (one row: a model that gives the same answers
     whatever the seed, such as an SVM); the interval is then A's one-sample t
@@ -195,22 +205,24 @@ def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA, b_fixed=Fals
     level = 1 - alpha / comparisons
     difference = float(ma.mean() - mb.mean())
     low, high = _t_interval(difference, se, df, level)
+    excludes_zero = bool(low > 0 or high < 0)
     result = {"difference": difference, "low": low, "high": high, "level": level, "df": df,
-              "seeds": (len(a), 1 if b_fixed else len(b)), "items": a.shape[1],
-              "established": bool(low > 0 or high < 0)}
+              "seeds": (len(a), 1 if b_fixed else len(b)), "items": a.shape[1]}
     if items_independent:
         d = a.mean(axis=0) - b.mean(axis=0)                       # per item, seeds averaged
         items_low, items_high = _t_interval(difference, d.std(ddof=1) / math.sqrt(len(d)),
                                             len(d) - 1.0, level)
-        result.update(items_low=items_low, items_high=items_high,
-                      established=bool((low > 0 and items_low > 0)
-                                       or (high < 0 and items_high < 0)))
+        result.update(items_low=items_low, items_high=items_high)
+        excludes_zero = bool((low > 0 and items_low > 0) or (high < 0 and items_high < 0))
+    enough_seeds = len(a) >= MIN_SEEDS and (b_fixed or len(b) >= MIN_SEEDS)
+    result.update(excludes_zero=excludes_zero, established=excludes_zero and enough_seeds)
     return result
 
 
 def describe(result, scale=100, unit=" points", digits=1):
     """One line for a `compare_arms` result: the difference, its interval over
-    the seeds (and over the items, where measured) and the verdict. Values
+    the seeds (and over the items, where measured) and the verdict (an
+    interval that excludes 0 with too few seeds is said so). Values
     are multiplied by `scale` (100: accuracies in percentage points) and
     printed with `digits` decimals and `unit` after the difference."""
     f = lambda v: f"{scale * v:+.{digits}f}"
@@ -218,7 +230,11 @@ def describe(result, scale=100, unit=" points", digits=1):
             f"[{f(result['low'])}, {f(result['high'])}]")
     if "items_low" in result:
         line += f", over sequences [{f(result['items_low'])}, {f(result['items_high'])}]"
-    return line + (": established" if result["established"] else ": not established")
+    if result["established"]:
+        return line + ": established"
+    if result["excludes_zero"]:
+        return line + f": excludes 0, but fewer than {MIN_SEEDS} seeds a side: not established"
+    return line + ": not established"
 
 
 def _t_interval(center, se, df, level):

@@ -125,9 +125,9 @@ def test_independent_items_add_the_test_sets_own_noise():
     ci = stats.ttest_1samp(a.mean(0) - b.mean(0), 0).confidence_interval(0.95)
     assert (out["items_low"], out["items_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
     seeds_only = evidence.compare_arms(a, b)
-    assert seeds_only["established"] and out["low"] > 0 and out["items_low"] < 0
-    assert not out["established"]
-    assert evidence.compare_arms(*arms(4000), items_independent=True)["established"]
+    assert seeds_only["excludes_zero"] and out["low"] > 0 and out["items_low"] < 0
+    assert not out["excludes_zero"]
+    assert evidence.compare_arms(*arms(4000), items_independent=True)["excludes_zero"]
 
 
 def test_compare_arms_lets_the_shared_items_difficulty_cancel():
@@ -189,12 +189,29 @@ def test_compare_arms_keeps_its_error_rate_with_three_seeds(seed_sd):
         runs = (difficulty + rng.normal(0, seed_sd, (2 * seeds, 1))
                 + rng.normal(0, 0.05, (2 * seeds, items)))
         for m in false:
-            false[m] += evidence.compare_arms(runs[:seeds], runs[seeds:], comparisons=m)["established"]
+            false[m] += evidence.compare_arms(runs[:seeds], runs[seeds:],
+                                              comparisons=m)["excludes_zero"]
     for m, count in false.items():
         nominal = 0.05 / m * nulls                                  # expected false count
         mc = 3 * np.sqrt(nominal * (1 - 0.05 / m))                  # 3 Monte-Carlo sd
         assert count <= nominal + mc, (m, count, nominal)
     assert false[1] >= 0.3 * 0.05 * nulls, false                   # not grossly conservative
+
+
+def test_a_difference_is_established_only_with_five_seeds_a_side():
+    """However far the interval lies from zero, fewer than MIN_SEEDS = 5 seeds
+    in an arm that has seeds draw no conclusion; a deterministic B needs none."""
+    rng = np.random.default_rng(4)
+    far = lambda seeds, p: (rng.random((seeds, 400)) < p).astype(float)   # noqa: E731
+    three = evidence.compare_arms(far(3, 0.95), far(3, 0.5))
+    assert three["excludes_zero"] and three["low"] > 0.3 and not three["established"]
+    assert evidence.describe(three).endswith("fewer than 5 seeds a side: not established")
+    assert not evidence.compare_arms(far(5, 0.95), far(4, 0.5))["established"]
+    five = evidence.compare_arms(far(5, 0.95), far(5, 0.5))
+    assert five["excludes_zero"] and five["established"] and evidence.MIN_SEEDS == 5
+    fixed = evidence.compare_arms(far(5, 0.95), far(1, 0.5), b_fixed=True)
+    assert fixed["established"]
+    assert not evidence.compare_arms(far(3, 0.95), far(1, 0.5), b_fixed=True)["established"]
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
