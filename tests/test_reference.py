@@ -40,7 +40,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RE_EVALUATED_BY_PAGES = {
     ("06a_sequential_mnist.md", "06a2_mnist_ablations.md", "06b_memory.md",
      "06c_generation.md"):
-        lambda name: reference.RUNS[name][1] in ("mnist-small", "mnist-small-gen"),
+        lambda name: (reference.RUNS[name][1] in ("mnist-small", "mnist-small-permuted",
+                                                  "mnist-small-gen")
+                      or name.startswith("memory1024-const-")),
     ("07c_language_model.md",):
         lambda name: name.startswith("charlm-") and not name.startswith("charlm-mamba"),
     ("10_selection.md",):
@@ -190,6 +192,9 @@ def test_every_seed_of_a_family_is_its_seed_0_run_with_another_seed():
                                  runs.SELECTIVE_SEEDS),
         "induction64-{}": (("mamba", "s4d", "h3", "attention"), runs.INDUCTION_SEEDS),
         "mqar-{}": (("mamba2", "mamba", "h3", "attention"), runs.MQAR_SEEDS),
+        "init-{}": (("mnist-hippo", "mnist-gaussian", "pmnist-hippo", "pmnist-gaussian"),
+                    runs.INIT_SEEDS),
+        "memory1024-const-{}": (("s4", "s4-random"), runs.CONSTANT_SEEDS),
     }
     for pattern, (members, seeds) in families.items():
         for member in members:
