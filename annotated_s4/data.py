@@ -118,8 +118,8 @@ MNIST_SMALL_SHA256 = "809ec085d551285cf9efad12c42a6aead98c62f96eb9936cc5b7788707
 MNIST_SMALL_TEST = 1000  # held-out digits; the other 4,000 train
 # Permuted sequential MNIST reads every digit's pixels in one fixed random
 # order (the same for every digit and every run), as in the HiPPO and S4
-# papers: neighbouring pixels end up far apart, so that a model must carry
-# information across hundreds of steps. The order is this seed's permutation.
+# papers: pixels that are neighbours in the image arrive hundreds of steps
+# apart. The order is this seed's permutation.
 PIXEL_PERMUTATION_SEED = 784
 
 

@@ -398,3 +398,16 @@ def test_most_frequent_token_bad_arguments():
 def test_associative_recall_needs_even_length():
     with pytest.raises(ValueError, match="even"):
         associative_recall(np.random.default_rng(0), 4, seq_len=21)
+
+
+def test_permuted_mnist_reads_every_digit_in_one_fixed_order():
+    order = data.pixel_permutation()
+    assert sorted(order) == list(range(784)) and (order != np.arange(784)).mean() > 0.99
+    np.testing.assert_array_equal(order, data.pixel_permutation())   # fixed
+    plain = data.load_mnist_small(seed=0)
+    permuted = data.load_mnist_small(seed=0, permuted=True)
+    for split in ("x_train", "x_test"):
+        np.testing.assert_array_equal(permuted[split], plain[split][:, order])
+    np.testing.assert_array_equal(permuted["y_test"], plain["y_test"])          # same digits
+    with pytest.raises(TypeError, match="permuted"):
+        data.load_mnist_small(permuted="yes")
