@@ -36,7 +36,7 @@ from flax import nnx
 
 from . import checkpoint as _checkpoint
 from .checkpoint import (CHECKPOINT, load_checkpoint, read_checkpoint_info, round_weights,
-                         save_checkpoint, write_json)
+                         save_checkpoint, write_history, write_json)
 from .completion import COMPLETION_CLASSIFIERS, completion_metrics
 from .config import EXTRA_KEYS, RunConfig
 from .measure import (RECORDED_BATCH, ROUNDING_UNITS, SIGMAS, UNIT_ROUNDOFF, compare,
@@ -134,7 +134,8 @@ def run(config, log=print, devices=None, cross_run=False):
         # to resume an unfinished run, and would triple the file.
         save_checkpoint(config.out, model, None, config.steps, {"config": recorded},
                         dtype=config.checkpoint_dtype)
-        for name, obj in [("config", recorded), ("history", history), ("metrics", metrics)]:
+        write_history(config.out, history)
+        for name, obj in [("config", recorded), ("metrics", metrics)]:
             write_json(config.out, f"{name}.json", obj)
     return {**metrics, "history": history, "model": model}
 

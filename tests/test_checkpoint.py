@@ -1,6 +1,7 @@
 """Tests for annotated_s4.checkpoint: saving and loading a model and its optimizer."""
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from flax import nnx
 
 from annotated_s4 import checkpoint, train
 from annotated_s4 import SSMLayer, StackedModel
+from annotated_s4.checkpoint import write_history
 
 
 def test_checkpoint_leaves_out_rnn_caches(tmp_path):
@@ -72,3 +74,19 @@ def test_a_checkpoint_stored_at_half_precision_loads_as_the_rounded_model(tmp_pa
         jax.tree_util.tree_leaves(a)))
     with pytest.raises(ValueError, match="dtype"):
         checkpoint.save_checkpoint(tmp_path, m, dtype="int8")
+
+
+def test_history_is_written_compactly_and_reads_back_at_float32(tmp_path):
+    rng = np.random.default_rng(0)
+    losses = rng.random(500).astype(np.float32)
+    history = {"step": list(range(1, 501)), "train_loss": [float(x) for x in losses],
+               "seconds": list(rng.random(500) * 0.3),
+               "eval": [{"step": 500, "loss": 0.25, "accuracy": 0.9}]}
+    write_history(tmp_path, history)
+    text = (tmp_path / "history.json").read_text()
+    back = json.loads(text)
+    assert len(text.splitlines()) == 6                     # braces and one line a key
+    assert back["step"] == history["step"] and back["eval"] == history["eval"]
+    np.testing.assert_array_equal(np.float32(back["train_loss"]), losses)   # exact in float32
+    np.testing.assert_allclose(back["seconds"], history["seconds"], rtol=5e-4)
+    assert len(text) < 0.6 * len(json.dumps(history, indent=1))

@@ -13,8 +13,10 @@
 #                   description (device.txt) and the benchmarks' output go
 #                   (default: _build/gpu-test)
 #   --python PY     the Python that has JAX (default: python3)
-#   --wheels DIR    install what is missing from the wheels in DIR only, no
-#                   network (tools/gpu_wheels.sh DIR downloads them)
+#   --wheels DIR    no network: if anything is missing, install every wheel
+#                   in DIR as it is (--no-deps; tools/gpu_wheels.sh DIR
+#                   downloads a consistent set, of which the optional debugpy
+#                   and jedi may be left out)
 #   --workers N     pytest-xdist workers (default: the number of cores)
 #   --bench         afterwards, run every benchmarks/bench_*.py (full sweeps);
 #   --bench-quick   or their --quick sweeps. On a GPU they write
@@ -89,8 +91,6 @@ else
     [ -f "$pip_wheel" ] || die "no pip: neither $PYTHON nor a pip wheel in --wheels has one"
     PIP=("$PY" "$pip_wheel/pip")
 fi
-PIP_SOURCE=()
-[ -z "$WHEELS" ] || PIP_SOURCE=(--no-index --find-links "$WHEELS")
 
 # module -> distribution; each missing one is installed at requirements.txt's pin.
 MODULES=(nbval:nbval ipykernel:ipykernel jupytext:jupytext celluloid:celluloid
@@ -108,9 +108,23 @@ for module in flax optax numpy scipy matplotlib seaborn pandas sklearn PIL; do
     "$PY" -c "import $module" 2>/dev/null || die "$PYTHON lacks $module (the script installs \
 only the test tools; install the scientific stack with JAX first)"
 done
-if [ ${#missing[@]} -gt 0 ]; then
+if [ ${#missing[@]} -gt 0 ] && [ -n "$WHEELS" ]; then
+    # Offline: every wheel in DIR as it is (--no-deps). The set may leave out
+    # what is optional (ipykernel's debugpy, IPython's jedi) or what would not
+    # fit beside the tree; what is still missing is named, and its tests fail.
+    wheels=()
+    for w in "$WHEELS"/*.whl; do
+        case ${w##*/} in pip-*) ;; *) wheels+=("$w") ;; esac
+    done
+    echo "installing into $VENV from $WHEELS: ${#wheels[@]} wheels, --no-deps"
+    "${PIP[@]}" install -q --no-index --no-deps "${wheels[@]}"
+    for pair in "${MODULES[@]}"; do
+        "$PY" -c "import ${pair%%:*}" 2>/dev/null \
+            || echo "warning: no ${pair#*:} in $WHEELS: what imports it will fail"
+    done
+elif [ ${#missing[@]} -gt 0 ]; then
     echo "installing into $VENV: ${missing[*]}"
-    "${PIP[@]}" install -q "${PIP_SOURCE[@]}" "${missing[@]}"
+    "${PIP[@]}" install -q "${missing[@]}"
 fi
 # The notebooks' kernel is this venv's Python (not a python3 kernel found elsewhere).
 "$PY" -m ipykernel install --prefix "$VENV" --name python3 >/dev/null
