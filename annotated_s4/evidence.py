@@ -44,7 +44,11 @@ def at_lengths(name, lengths, n=512, seed_offset=2):
     fresh sequences of L tokens drawn by the run's task generator with its
     vocabulary and the seed seed_data + `seed_offset` (its training and test
     sets use seed_data and seed_data + 1), scored on their answers by the
-    run's model with its layers built for length L (`load_run`'s `length`).
+    run's model with its layers built for length L (`load_run`'s `length`),
+    in batches of RECORDED_BATCH * trained length / L sequences (at least
+    one): as many tokens a batch as the run's own scoring, so that memory
+    (attention's L x L scores above all) does not grow with L. An item's
+    statistics do not depend on its batch.
     Returns {L: (n, answers) bool array of right answers}, (n,) for one answer.
     """
     directory = locate(name)
@@ -59,7 +63,9 @@ def at_lengths(name, lengths, n=512, seed_offset=2):
         L = _checks.positive_int(L, "length")
         x, y = task(np.random.default_rng(config.seed_data + seed_offset), n, seq_len=L,
                     vocab_size=config.vocab_size)
-        right[L] = kept_items(directory, load_model(directory, config, data, L), x, y)["right"]
+        batch = max(1, RECORDED_BATCH * config.seq_len // L)
+        right[L] = kept_items(directory, load_model(directory, config, data, L), x, y,
+                              batch)["right"]
     return right
 
 

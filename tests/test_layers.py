@@ -185,12 +185,17 @@ def test_s4_is_hippo_initialised_and_stable():
         S4Layer(H, 7, L, rngs=nnx.Rngs(0))
 
 
+@jax.default_matmul_precision("float32")   # a float32 claim: a GPU's default rounds to TF32
 def test_s4_independent_copies_start_as_the_shared_one():
     shared = S4Layer(H, N, L, rngs=nnx.Rngs(0))
     own = S4Layer(H, N, L, rngs=nnx.Rngs(0), shared=False)
     assert shared.Lambda_im[...].shape == (N // 2,)
     assert own.Lambda_im[...].shape == own.Lambda_log_neg_re[...].shape == (H, N // 2)
     assert own.P[...].shape == own.B[...].shape == (H, N // 2, 2)
+    for name in ("Lambda_im", "Lambda_log_neg_re", "P", "B"):   # each channel's copy
+        np.testing.assert_array_equal(getattr(own, name)[...],
+                                      np.broadcast_to(getattr(shared, name)[...],
+                                                      getattr(own, name)[...].shape))
     np.testing.assert_allclose(own.kernel(), shared.kernel(), rtol=1e-6, atol=1e-7)
     # every channel's copy gets its own gradient
     u = jax.random.normal(jax.random.PRNGKey(3), (BATCH, L, H))
