@@ -2,7 +2,8 @@
 # The whole test suite on a machine whose Python already has JAX with CUDA:
 # what `make test` runs (tools/notebooks.py --check, then pytest --nbval-lax
 # over every chapter's notebook and every test, --dist loadfile), with one
-# worker per core, writing a log and a JUnit XML file; the benchmarks too if
+# worker per core, writing a log (each test named as it ends: a run cut off
+# by a time limit still says which passed) and a JUnit XML file; the benchmarks too if
 # asked.
 #
 #     tools/gpu_test.sh [--out DIR] [--python PY] [--wheels DIR] [--workers N]
@@ -164,7 +165,7 @@ status=0
 : > "$OUT/failures.txt"
 PYTHONPATH=$ROOT/tools:$PYTHONPATH "$PY" -m pytest -p no:cacheprovider -p pytest_failures \
     --failures-file "$OUT/failures.txt" -n "$WORKERS" --dist loadfile --nbval-lax \
-    --nbval-cell-timeout=900 --durations=15 --junitxml="$OUT/junit.xml" \
+    -v --nbval-cell-timeout=900 --durations=15 --junitxml="$OUT/junit.xml" \
     "${PYTEST_ARGS[@]}" 2>&1 | tee "$OUT/pytest.log" || status=$?
 [ -f "$OUT/junit.xml" ] || die "pytest wrote no $OUT/junit.xml (status $status)"
 "$PY" - "$OUT/junit.xml" "$((SECONDS - start))" <<'EOF' | tee -a "$OUT/device.txt"
