@@ -15,7 +15,7 @@ from flax import nnx
 from . import _checks as checks
 from ._types import Array, Float
 from .catalog import LayerOptions, SSMParam, option, register_layer
-from .hippo import make_DPLR_HiPPO
+from .hippo import make_DPLR_HiPPO, make_NPLR_HiPPO
 from .s4 import (discretize_diagonal, dplr_rnn, dplr_step, kernel_DPLR,
                  s4d_inv_init, s4d_lin_init, vandermonde)
 from .ssm import K_conv, causal_convolution, discretize
@@ -25,6 +25,8 @@ __all__ = [
     "SSMParam",
     "SSMLayer",
     "SSMOptions",
+    "DenseSSMOptions",
+    "SSM_INITS",
     "S4Options",
     "S4DOptions",
     "S4Layer",
@@ -36,6 +38,9 @@ __all__ = [
     "Linear",
     "scale_channels",
 ]
+
+
+SSM_INITS = ("gaussian", "hippo")
 
 
 def log_step_initializer(rng, shape, dt_min=0.001, dt_max=0.1):
@@ -51,6 +56,8 @@ class SSMLayer(nnx.Module):
     A (H, N, N), B (H, N, 1) and C (H, 1, N) are H separate copies, each drawn
     with lecun_normal over its own (N, N), (N, 1), (1, N) shape (the channel
     axis is a batch axis, not part of the fan-in): std(A) = 1/sqrt(N).
+    ``init="hippo"`` starts every channel's A and B at HiPPO-LegS's instead
+    (`make_NPLR_HiPPO`), trained as freely: the S4 paper's dense ablation.
     The kernel is built with the naive `K_conv`-style power iteration, which
     costs O(N^2 L) per channel and is numerically fragile: the layer S4 improves on.
     L is the default kernel length; any input length works (max_len is None).
@@ -58,13 +65,19 @@ class SSMLayer(nnx.Module):
 
     max_len = None
 
-    def __init__(self, H, N, L, *, rngs: nnx.Rngs, dt_min=0.001, dt_max=0.1):
+    def __init__(self, H, N, L, *, rngs: nnx.Rngs, init="gaussian", dt_min=0.001, dt_max=0.1):
         self.H, self.N, self.L = (checks.positive_int(H, "H"), checks.positive_int(N, "N"),
                                   checks.positive_int(L, "L"))
-        init = jax.nn.initializers.lecun_normal(batch_axis=(0,))
-        self.A = SSMParam(init(rngs.params(), (H, N, N)))
-        self.B = SSMParam(init(rngs.params(), (H, N, 1)))
-        self.C = nnx.Param(init(rngs.params(), (H, 1, N)))
+        checks.choice(init, "init", SSM_INITS)
+        normal = jax.nn.initializers.lecun_normal(batch_axis=(0,))
+        A, B = normal(rngs.params(), (H, N, N)), normal(rngs.params(), (H, N, 1))
+        if init == "hippo":  # the same dense, free parameters, started from HiPPO-LegS
+            A_hippo, _, B_hippo = make_NPLR_HiPPO(N)
+            A = jnp.broadcast_to(jnp.asarray(A_hippo, A.dtype), (H, N, N))
+            B = jnp.broadcast_to(jnp.asarray(B_hippo, B.dtype)[:, None], (H, N, 1))
+        self.A = SSMParam(A)
+        self.B = SSMParam(B)
+        self.C = nnx.Param(normal(rngs.params(), (H, 1, N)))
         self.D = nnx.Param(jnp.ones((H,)))
         self.log_step = SSMParam(
             log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
@@ -120,8 +133,18 @@ class SSMOptions(LayerOptions):
         return {"dt_min": self.dt_min, "dt_max": self.dt_max}
 
 
-register_layer("ssm", SSMOptions,
-               lambda o, L: functools.partial(SSMLayer, N=o.state_size, L=L, **o.steps()),
+@dataclasses.dataclass(frozen=True)
+class DenseSSMOptions(SSMOptions):
+    """The options of the dense `SSMLayer` on the command line."""
+
+    init: str = option("gaussian", "A's and B's initialisation: gaussian (lecun_normal) or "
+                       "hippo (HiPPO-LegS's A and B, as freely trained: the S4 paper's dense "
+                       "ablation)", choices=SSM_INITS)
+
+
+register_layer("ssm", DenseSSMOptions,
+               lambda o, L: functools.partial(SSMLayer, N=o.state_size, L=L, init=o.init,
+                                              **o.steps()),
                help="the dense SSM: a learned A per channel, its kernel by powers of Ab")
 
 

@@ -65,6 +65,24 @@ def test_ssm_layer_init_is_per_channel():
     assert abs(float(A.mean())) < 0.01
 
 
+def test_ssm_layer_hippo_init_changes_only_A_and_B():
+    """init="hippo": every channel's A and B are HiPPO-LegS's (A_nk = -sqrt(2n+1)
+    sqrt(2k+1) below the diagonal, -(n+1) on it; B_n = sqrt(2n+1)); C, D and the
+    steps are what the Gaussian layer of the same seed draws."""
+    H, N = 3, 4
+    gaussian = SSMLayer(H, N, 8, rngs=nnx.Rngs(0))
+    hippo = SSMLayer(H, N, 8, rngs=nnx.Rngs(0), init="hippo")
+    A = np.array([[-1, 0, 0, 0], [-3 ** .5, -2, 0, 0], [-5 ** .5, -15 ** .5, -3, 0],
+                  [-7 ** .5, -21 ** .5, -35 ** .5, -4]])
+    for h in range(H):
+        np.testing.assert_allclose(hippo.A[...][h], A, rtol=1e-6)
+        np.testing.assert_allclose(hippo.B[...][h, :, 0], np.sqrt([1, 3, 5, 7]), rtol=1e-6)
+    for name in ("C", "D", "log_step"):
+        np.testing.assert_array_equal(getattr(hippo, name)[...], getattr(gaussian, name)[...])
+    with pytest.raises(ValueError, match="init must be one of"):
+        SSMLayer(H, N, 8, rngs=nnx.Rngs(0), init="legt")
+
+
 # --- S4Layer and S4DLayer -----------------------------------------------------
 
 
