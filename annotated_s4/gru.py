@@ -25,7 +25,10 @@ class GRULayer(nnx.Module):
     """A GRU with H inputs and a state of H numbers (flax's `nnx.GRUCell`):
 
         r = sigmoid(W_r u_t + U_r h + b_r),   z = sigmoid(W_z u_t + U_z h + b_z),
-        n = tanh(W_n u_t + r * (U_n h + b_hn) + b_n),   h' = (1 - z) n + z h,
+        n = tanh(W_n u_t + b_n + r * (U_n h)),   h' = (1 - z) n + z h,
+
+    (the reset gate applied after U_n, as cuDNN's GRU does; the recurrent
+    matrices U have no bias, so 6 H^2 + 3 H parameters in all),
 
     and the output at step t is the new state h'. L, if given, is the longest
     input accepted (the contract's length limit; the recurrence has none).
