@@ -73,7 +73,7 @@ def shift_kernel(C, L):
 # Up to this length `causal_conv` multiplies by the Toeplitz matrix; beyond
 # it, it uses the FFT. At the recall tasks' lengths the Toeplitz product does
 # fewer flops than the FFT, and at 1,024 steps many more (XLA's counts, shown
-# and asserted in chapter 7b); 256 is a cut-over between the two, not a
+# and asserted on the page "H3 at length"); 256 is a cut-over between the two, not a
 # measured optimum.
 DIRECT_CONV_MAX_LEN = 256
 
