@@ -67,7 +67,7 @@ RUNS, PURPOSES = read_table()
 # over them (tests/test_reference.py checks that every member is in the table).
 OPTIM_SEEDS = (0, 1, 2)            # optim-{recipe,decay,fullrate}[-seedK]
 MNIST_SEEDS = (0, 1, 2)            # mnist-<layer>[-seedK]
-INIT_SEEDS = (0, 1, 2, 3, 4)      # init-{mnist,pmnist}-{hippo,gaussian}[-seedK]
+INIT_SEEDS = (0, 1, 2, 3, 4)      # init-{mnist,pmnist}-{hippo,gaussian}[-seedK], dense-mnist-{hippo,gaussian}[-seedK]
 CONSTANT_SEEDS = (0, 1, 2, 3, 4)  # memory1024-const-{s4,s4-random}[-seedK]
 CHARLM_SEEDS = (0, 1, 2)           # charlm-<layer>[-seedK]
 SYNTHETIC_SEEDS = (0, 1, 2)        # {induction-head,associative-recall}-<layer>[-seedK]

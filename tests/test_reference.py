@@ -195,6 +195,7 @@ def test_every_seed_of_a_family_is_its_seed_0_run_with_another_seed():
         "init-{}": (("mnist-hippo", "mnist-gaussian", "pmnist-hippo", "pmnist-gaussian"),
                     runs.INIT_SEEDS),
         "memory1024-const-{}": (("s4", "s4-random"), runs.CONSTANT_SEEDS),
+        "dense-{}": (("mnist-hippo", "mnist-gaussian"), runs.INIT_SEEDS),
     }
     for pattern, (members, seeds) in families.items():
         for member in members:
