@@ -127,8 +127,11 @@ def test_the_state_matrix_initialisation_is_an_option():
     assert not np.allclose(np.asarray(a.Lambda_im[...]), np.asarray(b.Lambda_im[...]))
     with pytest.raises(ValueError, match="--layer s4: argument --init: invalid choice: 'inv'"):
         runner.run(_args(["--steps", "1", "--layer", "s4", "--init", "inv"]), log=None)
-    with pytest.raises(ValueError, match="--init is not an option of --layer ssm"):
+    with pytest.raises(ValueError, match="--layer ssm: argument --init: invalid choice: 'random'"):
         runner.run(_args(["--steps", "1", "--layer", "ssm", "--init", "random"]), log=None)
+    with pytest.raises(ValueError, match="--init is not an option of --layer h3; it is an "
+                                         "option of --layer ssm, s4, s4d"):
+        runner.run(_args(["--steps", "1", "--layer", "h3", "--init", "hippo"]), log=None)
 
 
 def test_independent_state_matrices_are_an_option():
