@@ -70,6 +70,7 @@ class SSMLayer(nnx.Module):
                                   checks.positive_int(L, "L"))
         checks.choice(init, "init", SSM_INITS)
         normal = jax.nn.initializers.lecun_normal(batch_axis=(0,))
+        # drawn for either init, so that C and the steps come from the same keys
         A, B = normal(rngs.params(), (H, N, N)), normal(rngs.params(), (H, N, 1))
         if init == "hippo":  # the same dense, free parameters, started from HiPPO-LegS
             A_hippo, _, B_hippo = make_NPLR_HiPPO(N)
