@@ -39,16 +39,20 @@ def reevaluate_classifier(name):
     return {**run, "model": model, "recomputed": metrics, "right": items["right"]}
 
 
+AT_LENGTHS_TOKENS = 2 ** 16   # tokens a batch of `at_lengths` (64 sequences of 1,024)
+
+
 def at_lengths(name, lengths, n=512, seed_offset=2):
     """Recall run `name` tested at other lengths: for each L in `lengths`, n
     fresh sequences of L tokens drawn by the run's task generator with its
     vocabulary and the seed seed_data + `seed_offset` (its training and test
     sets use seed_data and seed_data + 1), scored on their answers by the
     run's model with its layers built for length L (`load_run`'s `length`),
-    in batches of RECORDED_BATCH * trained length / L sequences (at least
-    one): as many tokens a batch as the run's own scoring, so that memory
-    (attention's L x L scores above all) does not grow with L. An item's
-    statistics do not depend on its batch.
+    in batches of at most RECORDED_BATCH sequences and AT_LENGTHS_TOKENS
+    tokens (at least one sequence): fewer, longer sequences a batch as L
+    grows, so that memory (attention's L x L scores above all) stays bounded,
+    but not so few that a recurrent scan runs many short batches one after
+    another. An item's statistics do not depend on its batch.
     Returns {L: (n, answers) bool array of right answers}, (n,) for one answer.
     """
     directory = locate(name)
@@ -63,7 +67,7 @@ def at_lengths(name, lengths, n=512, seed_offset=2):
         L = _checks.positive_int(L, "length")
         x, y = task(np.random.default_rng(config.seed_data + seed_offset), n, seq_len=L,
                     vocab_size=config.vocab_size)
-        batch = max(1, RECORDED_BATCH * config.seq_len // L)
+        batch = max(1, min(RECORDED_BATCH, AT_LENGTHS_TOKENS // L))
         right[L] = kept_items(directory, load_model(directory, config, data, L), x, y,
                               batch)["right"]
     return right
@@ -243,6 +247,29 @@ def describe(result, scale=100, unit=" points", digits=1):
     return line + ": not established"
 
 
+def comparison_table(decided, scale=100, digits=1, unit="points"):
+    """The `compare_arms` results `decided` (what -> result) as one table: the
+    seeds a side ("fixed" for a deterministic B), A - B and its interval over
+    the seeds (times `scale`: 100 for accuracies in points; `unit` names what
+    the differences are in), the interval over
+    the test set's items where measured, and the verdicts: whether the
+    intervals exclude 0, and whether the difference is established."""
+    f = lambda v: f"{scale * v:+.{digits}f}"
+    with_items = any("items_low" in r for r in decided.values())
+    columns = ["comparison", "seeds", f"A - B ({unit})", "seeds' interval"]
+    columns += ["test set's interval"] * with_items + ["excludes 0", "established"]
+    rows = []
+    for what, r in decided.items():
+        b_seeds = "fixed" if r["seeds"][1] == 1 else r["seeds"][1]
+        row = [what, f"{r['seeds'][0]} vs {b_seeds}", f(r["difference"]),
+               f"[{f(r['low'])}, {f(r['high'])}]"]
+        if with_items:
+            row.append(f"[{f(r['items_low'])}, {f(r['items_high'])}]" if "items_low" in r else "")
+        rows.append(row + ["yes" if r["excludes_zero"] else "no",
+                           "yes" if r["established"] else "no"])
+    return Table(columns, rows, right=(columns[2], "seeds' interval", "test set's interval"))
+
+
 def _t_interval(center, se, df, level):
     """center -/+ the (1 + level) / 2 quantile of Student's t with df degrees of freedom, times se."""
     half = float(stats.t.ppf((1 + level) / 2, df)) * se
@@ -286,3 +313,48 @@ def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_wind
     bits = 1 / np.log(2)
     return {**run, "model": model, "recomputed": metrics, "window_bits": nll.mean(1) * bits,
             "train_bits": float(np.asarray(train["nll"], np.float64).mean() * bits)}
+
+
+# --- Families of runs: their shared recipe and their tables ------------------------
+
+def recipe(config):
+    """A run's recorded options (config.json), its layer's options flattened in
+    and its seed left out: what two seeds of one experiment share."""
+    options = {k: v for k, v in config.items() if k not in ("layer_options", "seed")}
+    return options | dict(config.get("layer_options") or {})
+
+
+def same_recipe(configs, *, except_for=()):
+    """The options that every run's config in `configs` (name -> config) shares,
+    as `recipe` gives them; ValueError naming the option and two runs where
+    they differ in anything but the options `except_for` and the seed."""
+    if not configs:
+        raise ValueError("configs: no runs to compare")
+    except_for = set(except_for)
+    (first, base), *rest = ((name, recipe(c)) for name, c in configs.items())
+    for name, options in rest:
+        differ = sorted(k for k in set(base) | set(options)
+                        if k not in except_for and base.get(k) != options.get(k))
+        if differ:
+            raise ValueError(f"configs: {first} and {name} differ in {differ}, not only in "
+                             f"{sorted(except_for) or 'their seed'}")
+    return {k: v for k, v in base.items() if k not in except_for}
+
+
+class Table:
+    """Rows for the reader: a Markdown table in a notebook (`_repr_markdown_`),
+    the same text elsewhere. Columns named in `right` are right-aligned."""
+
+    def __init__(self, columns, rows, right=()):
+        self.columns = list(columns)
+        self.rows = [[str(cell) for cell in row] for row in rows]
+        if any(len(row) != len(self.columns) for row in self.rows):
+            raise ValueError(f"rows: each row needs {len(self.columns)} cells, one per column")
+        self.right = set(right)
+
+    def _repr_markdown_(self):
+        rule = ["---:" if c in self.right else "---" for c in self.columns]
+        lines = [self.columns, rule, *self.rows]
+        return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+    __str__ = __repr__ = _repr_markdown_

@@ -77,6 +77,19 @@ MQAR_SEEDS = (0, 1, 2, 3, 4)       # mqar-<layer>[-seedK]
 MEMORY_LENGTHS = (64, 256, 1024, 4096)   # memory<L>-<layer>
 
 
+def seeded(name, seed):
+    """The name of seed `seed`'s member of the family whose seed-0 run is `name`."""
+    return name if seed == 0 else f"{name}-seed{seed}"
+
+
+def family(name, seeds):
+    """The runs of the family `name` (its seed-0 run), one per seed, in order."""
+    missing = [seeded(name, s) for s in seeds if seeded(name, s) not in RUNS]
+    if missing:
+        raise ValueError(f"seeds: no reference run named {missing}")
+    return [seeded(name, s) for s in seeds]
+
+
 def run_dir(name, root=None):
     return os.path.join(root or ROOT, name)
 

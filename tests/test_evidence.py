@@ -313,3 +313,38 @@ def test_describe_prints_the_difference_its_intervals_and_the_verdict():
     assert line.endswith(": established") and r["established"]
     same = evidence.describe(evidence.compare_arms(a, a[::-1]), scale=1, unit="", digits=3)
     assert "over sequences" not in same and same.endswith(": not established")
+
+
+def test_same_recipe_returns_what_the_runs_share_and_names_a_difference():
+    config = {"lr": 0.01, "steps": 100, "seed": 0, "layer_options": {"init": "hippo", "N": 64}}
+    other = {**config, "seed": 3, "layer_options": {"init": "gaussian", "N": 64}}
+    shared = evidence.same_recipe({"a": config, "b": other}, except_for={"init"})
+    assert shared == {"lr": 0.01, "steps": 100, "N": 64}    # layer options flattened in
+    with pytest.raises(ValueError, match=r"a and b differ in \['init'\]"):
+        evidence.same_recipe({"a": config, "b": other})
+    with pytest.raises(ValueError, match=r"differ in \['lr'\]"):
+        evidence.same_recipe({"a": config, "b": {**config, "lr": 0.02}})
+    with pytest.raises(ValueError, match="configs"):
+        evidence.same_recipe({})
+
+
+def test_a_table_is_markdown_with_one_cell_per_column():
+    table = evidence.Table(["model", "accuracy"], [["S4", 0.9], ["S4D", 0.8]], right=["accuracy"])
+    assert table._repr_markdown_().splitlines() == [
+        "| model | accuracy |", "| --- | ---: |", "| S4 | 0.9 |", "| S4D | 0.8 |"]
+    with pytest.raises(ValueError, match="rows"):
+        evidence.Table(["model", "accuracy"], [["S4"]])
+
+
+def test_comparison_table_shows_each_result_and_its_verdict():
+    rng = np.random.default_rng(0)
+    a, b = rng.random((5, 50)) + 0.5, rng.random((5, 50))
+    decided = {"A vs B": evidence.compare_arms(a, b, items_independent=True),
+               "A vs a fixed B": evidence.compare_arms(a, b[:1], b_fixed=True)}
+    lines = evidence.comparison_table(decided)._repr_markdown_().splitlines()
+    assert "A - B (points)" in lines[0] and "test set's interval" in lines[0] and len(lines) == 4
+    r = decided["A vs B"]
+    assert lines[2].startswith(f"| A vs B | 5 vs 5 | {100 * r['difference']:+.1f} | "
+                               f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] | ")
+    assert lines[2].endswith("| yes | yes |")
+    assert "| 5 vs fixed |" in lines[3] and "|  | yes |" in lines[3]   # no items' interval

@@ -426,3 +426,9 @@ def test_locate_result_downloads_a_missing_result_and_checks_it(tmp_path, monkey
     (server / runs.RESULTS_DIR / "selective.json").write_text("{}")
     with pytest.raises(RuntimeError, match="selective.json: sha256"):
         runs.locate_result("selective.json", root=empty, url=url)
+
+
+def test_a_family_names_its_seeds_runs_and_refuses_a_missing_seed():
+    assert runs.family("init-mnist-hippo", (0, 2)) == ["init-mnist-hippo", "init-mnist-hippo-seed2"]
+    with pytest.raises(ValueError, match="seeds: no reference run named"):
+        runs.family("mnist-s4", (0, 9))
