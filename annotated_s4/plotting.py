@@ -119,7 +119,7 @@ def block_diagram(boxes, arrows, *, plain=(), xlim, ylim, figsize=(8, 3.0), font
     return fig
 
 
-def mass_spring_animation(t, u, y, path, frames=50, fps=10, dpi=60):
+def mass_spring_animation(t, u, y, path, frames=50, fps=10, dpi=90):
     """Animate a mass on a spring: force, position and the moving mass.
 
     Draws `frames` snapshots with celluloid and writes a GIF to `path` with
@@ -136,11 +136,14 @@ def mass_spring_animation(t, u, y, path, frames=50, fps=10, dpi=60):
                          f"got {t.shape}, {u.shape}, {y.shape}")
     if frames < 1 or frames > len(t):
         raise ValueError(f"frames must lie in [1, {len(t)}], got {frames}")
-    fig, (ax_u, ax_y, ax_m) = plt.subplots(3, 1, figsize=(6, 6))
+    fig, (ax_u, ax_y, ax_m) = plt.subplots(3, 1, figsize=(7, 7))
     camera = Camera(fig)
     ax_u.set_title("force u(t)")
     ax_y.set_title("position y(t)")
     ax_m.set_title("the mass")
+    for ax, name in ((ax_u, "force u"), (ax_y, "position y")):
+        ax.set(xlabel="time t", ylabel=name)
+    ax_m.set_xlabel("displacement, in units of the largest one (the wall at -2)")
     scale = np.max(np.abs(y)) or 1.0
     for i in np.linspace(1, len(t), frames).astype(int):
         ax_u.plot(t[:i], u[:i], color="C1")
@@ -153,6 +156,7 @@ def mass_spring_animation(t, u, y, path, frames=50, fps=10, dpi=60):
         ax_m.plot([pos], [0.0], "s", markersize=22, color="C0")
         ax_m.axvline(-2.0, color="black", lw=3)
         ax_m.set_xlim(-2.2, 1.5)
+        ax_m.set_xticks([-2, -1, 0, 1])
         ax_m.set_ylim(-1, 1)
         ax_m.set_yticks([])
         camera.snap()
