@@ -66,7 +66,7 @@ class RunConfig:
                              _MODEL)
     steps: int = _option(500, "training steps", _TRAINING)
     batch_size: int = _option(64, "sequences per step (split over the devices)", _TRAINING)
-    lr: float = _option(3e-3, "peak learning rate (AdamW, cosine schedule)", _TRAINING)
+    lr: float = _option(3e-3, "peak learning rate (AdamW; see --schedule)", _TRAINING)
     warmup: int = _option(0, "steps over which the learning rates rise linearly from 0 to "
                           "their peaks before the cosine decay (0: start at the peaks)",
                           _TRAINING)
@@ -81,7 +81,7 @@ class RunConfig:
                                       "when they have their own group (--ssm-lr above 0); "
                                       "S4's recipe: 0", _TRAINING)
     dropout: float = _option(0.0, "dropout rate in every block", _TRAINING)
-    seed: int = _option(0, "model init and batch order", _TRAINING)
+    seed: int = _option(0, "model init, dropout masks and batch order", _TRAINING)
     checkpoint_dtype: str | None = _option(
         None, "store the finished run's weights at this precision (float16: half the "
         "file); its final metrics are then computed from the rounded weights, so that "
