@@ -71,16 +71,20 @@ def shift_kernel(C, L):
 
 
 # Up to this length `causal_conv` multiplies by the Toeplitz matrix; beyond
-# it, it uses the FFT. At the recall tasks' lengths the Toeplitz product does
-# fewer flops than the FFT, and at 1,024 steps many more (XLA's counts, shown
-# and asserted on the page "H3 at length"); 256 is a cut-over between the two, not a
-# measured optimum.
+# it, it uses the FFT. At the recall tasks' lengths (20 and 30) the two do
+# arithmetic of the same order and the FFT's other costs decide; at 1,024 steps
+# the Toeplitz product does many times the FFT's (counts and CPU timings on
+# the page "H3 at length"). 256 is not where the flop counts cross (XLA
+# already charges the Toeplitz product more there): it is a round cut between
+# those lengths, the same for every backend, not a measured optimum.
 DIRECT_CONV_MAX_LEN = 256
 
 
 def causal_conv(u, K, axis=1):
-    """`ssm.causal_convolution` of u with K along `axis`, by whichever of the
-    Toeplitz product (short sequences) and the FFT (long ones) is faster."""
+    """`ssm.causal_convolution` of u with K along `axis`: by the Toeplitz
+    product up to DIRECT_CONV_MAX_LEN steps (short sequences, where the
+    FFT's costs other than arithmetic weigh most) and by the FFT beyond (long
+    ones, where its O(L log L) does). The cut is fixed, not tuned per backend."""
     return causal_convolution(u, K, axis, nofft=u.shape[axis] <= DIRECT_CONV_MAX_LEN)
 
 
@@ -114,8 +118,10 @@ def block_fft(x, n1):
     elementwise by the twiddle factors w_n^(k1 j2), multiply by the n2 x n2
     DFT matrix from the right (n1 DFTs of length n2), and read the result out
     column by column. Two matrix products of O(n (n1 + n2)) work: more
-    arithmetic than the FFT's O(n log n), but all of it in the form that a
-    GPU's tensor cores (and FlashConv) run fastest.
+    arithmetic than the FFT's O(n log n), but all of it in matrix products,
+    the form that a GPU's tensor cores run fastest. As written (complex64 at
+    Precision.HIGHEST, which excludes TF32) it would not use the tensor cores
+    even on a GPU; FlashFFTConv runs its DFT matrices in fp16 or bf16.
     """
     x = checks.array(x, "x", kind="number")
     n1 = checks.positive_int(n1, "n1")
@@ -330,20 +336,23 @@ def _run_chunk(layer, u, state):
 
 @dataclasses.dataclass(frozen=True)
 class H3Options(SSMOptions):
-    """The options of `H3Layer` on the command line: the head dimension, and
-    the state size and initial steps of each head's diagonal SSM."""
+    """The options of `H3Layer` on the command line: the head dimension, the
+    keys' shift, and the state size and initial steps of each head's diagonal SSM."""
 
     state_size: int = option(16, "N, the state size of each head's diagonal SSM (even: "
                              "N/2 complex modes)", check=checks.even_int)
     head_dim: int = option(8, "the head dimension d_h (it divides --d-model)",
                            check=checks.positive_int)
+    shift_size: int = option(4, "m, the keys' shift SSM: each key mixes itself and the m - 1 "
+                             "before it (1: no shift, the current key only)",
+                             check=checks.positive_int)
 
 
 def build_h3(options, L):
     """The `H3Layer` factory of `options` (any length L: its kernels are built
     for the input's)."""
-    return functools.partial(H3Layer, head_dim=options.head_dim,
-                             state_size=options.state_size, **options.steps())
+    return functools.partial(H3Layer, head_dim=options.head_dim, state_size=options.state_size,
+                             shift_size=options.shift_size, **options.steps())
 
 
 register_layer("h3", H3Options, build_h3,

@@ -453,7 +453,8 @@ def scale_channels(c, x):
     The same numbers as the broadcast product. The difference is in c's
     gradient, a sum over the batch and every position: JAX sums over the
     axes along which c was broadcast, for a batch of one the middle axis of
-    a (1, L, H) array; here it is always the first axis of an (L, H) array.
+    a (1, L, H) array; here it is always the first axis of a (B L, H) array,
+    batch and positions flattened together, whatever the batch size B.
     Which of the two a backend sums faster depends on the backend and its
     version (the H3 chapter times both); every per-channel weight of the
     package (`Linear`'s bias too) is written this way, so that layers

@@ -167,3 +167,17 @@ def test_a_task_of_several_answers_is_scored_on_its_answer_span(dataset, layer):
     else:   # the last K tokens of x are the queries: the keys of the pairs, reordered
         assert K == seq_len // 3
         assert (np.sort(data.x_test[:, -K:], 1) == np.sort(data.x_test[:, :2 * K:2], 1)).all()
+
+
+def test_the_keys_shift_is_an_option_of_h3_and_the_hybrid():
+    for layer in ("h3", "hybrid"):
+        args = _args(["--steps", "1", "--layer", layer, "--shift-size", "1"])
+        model = registry.build_model(args, registry.load_dataset(args))
+        assert model.layers[0].seq.shift.C[...].shape[1] == 1      # the current key only
+    default = _args(["--steps", "1", "--layer", "h3"])
+    assert registry.build_model(default, registry.load_dataset(default)) \
+        .layers[0].seq.shift.C[...].shape[1] == 4
+    with pytest.raises(ValueError, match="--shift-size is not an option of --layer s4d"):
+        _args(["--steps", "1", "--layer", "s4d", "--shift-size", "1"])
+    with pytest.raises(ValueError, match="--shift-size must be a positive int, got 0"):
+        _args(["--steps", "1", "--layer", "h3", "--shift-size", "0"])
