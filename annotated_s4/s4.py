@@ -177,8 +177,10 @@ def s4d_lin_init(N):
 def s4d_inv_init(N):
     """S4D-Inv: Lambda_n = -1/2 + i (N/pi) (N/(2n+1) - 1), n = 0 .. N/2 - 1.
 
-    The imaginary parts follow an inverse law, approximating the spectrum of
-    the HiPPO-LegS matrix's diagonal part (S4D paper, section 4).
+    The imaginary parts follow an inverse law, approximating those of the
+    Lambda of HiPPO-LegS's DPLR form: the eigenvalues of its normal part
+    S = A + P P^T (S4D-LegS), not the diagonal of A itself, which is the real
+    -(n + 1) (S4D paper, section 4).
     """
     N = checks.even_int(N, "N")
     n = np.arange(N // 2)
