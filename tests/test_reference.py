@@ -170,13 +170,20 @@ def test_unknown_run_names_are_refused():
 
 def test_the_synthetic_seeds_differ_from_seed_0_in_the_seeds_only():
     """Chapter 7's table reports a spread over seeds: each seed's run is its
-    seed-0 run with --seed k and --seed-data 2k, nothing else changed."""
+    seed-0 run with --seed k and --seed-data 2k, nothing else changed; H3
+    without its shift is H3's run with --shift-size 1."""
     for task in ("induction-head", "associative-recall"):
         for layer in ("s4d", "h3", "attention"):
             base = reference.RUNS[f"{task}-{layer}"]
             for seed in reference.SYNTHETIC_SEEDS[1:]:
                 assert reference.RUNS[f"{task}-{layer}-seed{seed}"] == base + [
                     "--seed", str(seed), "--seed-data", str(2 * seed)]
+        # H3 without its shift: H3's runs with --shift-size 1, five seeds alike
+        assert reference.RUNS[f"{task}-h3-noshift"] == reference.RUNS[f"{task}-h3"] + [
+            "--shift-size", "1"]
+        for seed in runs.NOSHIFT_SEEDS[1:]:
+            assert reference.RUNS[f"{task}-h3-noshift-seed{seed}"] == reference.RUNS[
+                f"{task}-h3-noshift"] + ["--seed", str(seed), "--seed-data", str(2 * seed)]
 
 
 def test_every_seed_of_a_family_is_its_seed_0_run_with_another_seed():
