@@ -181,9 +181,10 @@ def test_the_synthetic_seeds_differ_from_seed_0_in_the_seeds_only():
         # H3 without its shift: H3's runs with --shift-size 1, five seeds alike
         assert reference.RUNS[f"{task}-h3-noshift"] == reference.RUNS[f"{task}-h3"] + [
             "--shift-size", "1"]
-        for seed in runs.NOSHIFT_SEEDS[1:]:
-            assert reference.RUNS[f"{task}-h3-noshift-seed{seed}"] == reference.RUNS[
-                f"{task}-h3-noshift"] + ["--seed", str(seed), "--seed-data", str(2 * seed)]
+        for seed in runs.NOSHIFT_SEEDS[1:]:    # five seeds of each, with and without
+            for variant in ("h3", "h3-noshift"):
+                assert reference.RUNS[f"{task}-{variant}-seed{seed}"] == reference.RUNS[
+                    f"{task}-{variant}"] + ["--seed", str(seed), "--seed-data", str(2 * seed)]
 
 
 def test_every_seed_of_a_family_is_its_seed_0_run_with_another_seed():
