@@ -105,7 +105,8 @@ def etsc_grid(lambd):
     full (h = N - 1) or half (h = floor(N/2)), to within a few roundings of
     lambd's dtype; None otherwise, and under jit (a tracer has no values), so
     the checked entry points take their general path. A lambd that is off
-    the grid by more than its rounding is not snapped onto it."""
+    the grid by more than its rounding is not snapped onto it, and a decay
+    gamma is dropped (None) only when it is within that rounding of 1."""
     if isinstance(lambd, jax.core.Tracer) or lambd.ndim != 1:
         return None
     tol = 16 * float(jnp.finfo(lambd.dtype).eps)  # a few roundings of lambd
@@ -124,7 +125,7 @@ def etsc_grid(lambd):
     k = np.where(k < 0.5, k + N, k)  # angles in (-pi, pi] -> k in 1..h
     if np.any(np.abs(k - np.arange(1, h + 1)) * 2 * np.pi / N > tol * np.pi):  # angles
         return None
-    return N, (None if abs(gamma - 1) < 1e-6 else gamma)
+    return N, (None if abs(gamma - 1) <= tol else gamma)   # no decay beyond rounding
 
 
 def ssm_to_toeplitz(lambd, b, n):

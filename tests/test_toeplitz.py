@@ -401,6 +401,11 @@ def test_etsc_grid_recognises_rounding_but_does_not_snap():
         moved = lambd * jnp.exp(1j * jnp.asarray(phase))  # off the grid by far more than rounding
         assert etsc_grid(moved) is None
         assert rel(ssm_to_toeplitz(moved, b, 1000), ssm_to_toeplitz_naive(moved, b, 1000)) < 1e-9
+        # a decay within 1e-6 of 1 is still a decay in float64 (far beyond its rounding)
+        lambd, b = etsc(t, decay=0.9999995)
+        N, gamma = etsc_grid(lambd)
+        assert N == 1001 and abs(gamma - 0.9999995) < 1e-12
+        assert rel(ssm_to_toeplitz(lambd, b, 1000), t) < 1e-10
 
 
 @jax.default_matmul_precision("float32")   # both paths evaluate TNN's network
