@@ -151,13 +151,13 @@ def kernel(K, L, name="K"):
     return K
 
 
-def ssm(A, B, C, *, step=None, L=None):
+def ssm(A, B, C, *, dt=None, L=None):
     """A continuous or discrete SSM: A (N, N), B (N, 1), C (1, N); where given,
-    a positive `step` and a positive int kernel length `L`."""
+    a positive step size `dt` and a positive int kernel length `L`."""
     A = array(A, "A", ndim=2)
     N = A.shape[0]
     A = array(A, "A", shape=(N, N))
-    _step_and_length(step, L)
+    _dt_and_length(dt, L)
     return A, array(B, "B", shape=(N, 1)), array(C, "C", shape=(1, N))
 
 
@@ -168,19 +168,19 @@ def recurrence(Ab, Bb, Cb, u, x0):
             array(x0, "x0", shape=(Ab.shape[0],)))
 
 
-def diagonal(Lambda, B, C, *, step, L):
-    """A diagonal SSM: Lambda, B, C (N,); a positive scalar step; an int L >= 1."""
+def diagonal(Lambda, B, C, *, dt, L):
+    """A diagonal SSM: Lambda, B, C (N,); a positive scalar step size dt; an int L >= 1."""
     Lambda = array(Lambda, "Lambda", ndim=1)
-    _step_and_length(step, L)
-    if jnp.ndim(step) != 0:
-        raise ValueError(f"step must be a scalar, got shape {jnp.shape(step)}")
+    _dt_and_length(dt, L)
+    if jnp.ndim(dt) != 0:
+        raise ValueError(f"dt must be a scalar, got shape {jnp.shape(dt)}")
     return [Lambda] + vectors(Lambda.shape[0], B=B, C=C)
 
 
-def dplr(Lambda, P, Q, B, C, *, step, L=None):
-    """A DPLR SSM: Lambda, P, Q, B, C (N,); a positive step; where given, an int L >= 1."""
+def dplr(Lambda, P, Q, B, C, *, dt, L=None):
+    """A DPLR SSM: Lambda, P, Q, B, C (N,); a positive step size dt; where given, an int L >= 1."""
     Lambda = array(Lambda, "Lambda", ndim=1)
-    _step_and_length(step, L)
+    _dt_and_length(dt, L)
     return [Lambda] + vectors(Lambda.shape[0], P=P, Q=Q, B=B, C=C)
 
 
@@ -272,9 +272,9 @@ def decay_factor(decay):
     return None if decay is None else number(decay, "decay", low=0, high=1, low_open=True)
 
 
-def _step_and_length(step, L):
-    if step is not None:
-        positive(step, "step")
+def _dt_and_length(dt, L):
+    if dt is not None:
+        positive(dt, "dt")
     if L is not None:
         positive_int(L, "L")
 

@@ -269,25 +269,25 @@ class CausalSelfAttention(nnx.Module):
         return self.W_O(o.reshape(u.shape))
 
     def init_cache(self, batch_size):
+        """The key-value cache: the keys and values of every position so far,
+        stacked (2, batch, slots, heads, d), and the next position."""
         slots = -(-self.max_len // self.step_block) * self.step_block  # whole blocks
-        shape = (batch_size, slots, self.n_heads, self.head_dim)
-        self.k_cache = nnx.Cache(jnp.zeros(shape))
-        self.v_cache = nnx.Cache(jnp.zeros(shape))
-        self.cache = nnx.Cache(jnp.zeros((), jnp.int32))             # next position
+        self.cache = nnx.Cache(jnp.zeros((2, batch_size, slots, self.n_heads, self.head_dim)))
+        self.position = nnx.Cache(jnp.zeros((), jnp.int32))
 
     def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         checks.step_input(u_t, self.H, self.cache)
-        t = self.cache[...]
+        t = self.position[...]
         if not isinstance(t, jax.core.Tracer) and int(t) >= self.max_len:
             raise ValueError(f"the key-value cache is full: step {int(t)} needs "
                              f"max_len > {int(t)}, got max_len = {self.max_len}")
         q, k, v = self._split(u_t[:, None])                         # (b, 1, h, d)
         q, k = _rotary(q, t[None]), _rotary(k, t[None])
-        self.k_cache[...] = jax.lax.dynamic_update_slice_in_dim(self.k_cache[...], k, t, axis=1)
-        self.v_cache[...] = jax.lax.dynamic_update_slice_in_dim(self.v_cache[...], v, t, axis=1)
-        self.cache[...] = t + 1
-        o = cached_attention(q[:, 0], self.k_cache[...], self.v_cache[...], t + 1,
-                             self.step_block)                      # positions 0 .. t
+        self.cache[...] = jax.lax.dynamic_update_slice_in_dim(
+            self.cache[...], jnp.stack([k, v]), t, axis=2)          # write slot t
+        self.position[...] = t + 1
+        keys, values = self.cache[...]
+        o = cached_attention(q[:, 0], keys, values, t + 1, self.step_block)  # positions 0 .. t
         out = self.W_O(o.reshape(u_t.shape))
         # traced past the end: dynamic_update_slice clamped t, so the write
         # above overwrote the last slot; make the result unmistakably wrong

@@ -13,7 +13,7 @@ A layer module registers each of its layers right after defining it:
   list of factories that the blocks use in turn.
 
 A layer also declares which of its parameters are state-space parameters
-(the state matrix, B, the step) by making them `SSMParam`s: training
+(the state matrix, B, the step size Δ) by making them `SSMParam`s: training
 (`annotated_s4.train`) finds them by that type and gives them their own
 learning rate, without weight decay.
 
@@ -36,8 +36,8 @@ __all__ = ["LAYERS", "LayerEntry", "LayerOptions", "SSMParam", "option", "regist
 
 class SSMParam(nnx.Param):
     """A state-space parameter: the state matrix (A, or Lambda and P), the input
-    vector B, the log step. `train.make_optimizer` finds them by this type and
-    trains them at their own learning rate, without weight decay."""
+    vector B, the log step size log_dt. `train.make_optimizer` finds them by
+    this type and trains them at their own learning rate, without weight decay."""
 
 
 def option(default, help, *, check=None, choices=None):

@@ -4,12 +4,13 @@ A checkpoint is one .npz file: the leaves of the NNX state of a model (and,
 for a run that may be resumed, of its optimizer) in tree order, each with its
 path in the state tree, plus the step and a JSON string of extra data. Paths
 and shapes are checked on loading, so that a checkpoint written for another
-architecture is refused with a message instead of misread. PRNG keys (dropout
-streams) are stored as their raw key data. A finished run may store its real
-floating-point arrays at a lower precision (``dtype="float16"``: half the
-file); loading casts every array back to the model's own dtype, so the model
-then holds exactly the rounded weights that `round_weights` gives. The file is
-compressed (`np.savez_compressed`); uncompressed files load the same way.
+architecture is refused with a message instead of misread; a parameter renamed
+since a checkpoint was written (`RENAMED`) loads under its new name. PRNG keys
+(dropout streams) are stored as their raw key data. A finished run may store
+its real floating-point arrays at a lower precision (``dtype="float16"``: half
+the file); loading casts every array back to the model's own dtype, so the
+model then holds exactly the rounded weights that `round_weights` gives. The
+file is compressed (`np.savez_compressed`); uncompressed files load the same way.
 
 A run directory, as the command line writes it, holds `config.json` (the
 command's options), `history.json` (the learning curve), `metrics.json` (the
@@ -37,11 +38,21 @@ RUN_FILES = ("config.json", "history.json", "metrics.json", CHECKPOINT)
 # The precisions a checkpoint may store its real floating-point arrays at
 # (those .npz holds natively; float16 halves a float32 model's file).
 CHECKPOINT_DTYPES = ("float32", "float16")
+# Parameters renamed since checkpoints were first written, old name -> new:
+# applied to every component of a saved path (optimizer-state paths hold the
+# parameter names too), so that old checkpoints keep loading.
+RENAMED = {"log_step": "log_dt"}
 
 
 def _path_str(path):
     return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
                     for k in path)
+
+
+def _current_path(saved):
+    """A saved path string with its renamed components (`RENAMED`) under their
+    current names."""
+    return "/".join(RENAMED.get(part, part) for part in saved.split("/"))
 
 
 def _nodes(model, optimizer):
@@ -116,9 +127,11 @@ def load_checkpoint(directory, model, optimizer=None):
     nodes = _nodes(model, optimizer)
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(_state(nodes))
     with np.load(path, allow_pickle=False) as f:
-        paths = [str(p) for p in f["paths"]]
+        paths = [_current_path(str(p)) for p in f["paths"]]
         expected = [_path_str(p) for p, _ in leaves_with_path]
-        if paths != expected:
+        # matched by path: a renamed leaf may sort elsewhere in the tree's order
+        index = {p: i for i, p in enumerate(paths)}
+        if len(index) != len(paths) or sorted(paths) != sorted(expected):
             missing = sorted(set(expected) - set(paths))[:3]
             unexpected = sorted(set(paths) - set(expected))[:3]
             raise ValueError(
@@ -127,19 +140,19 @@ def load_checkpoint(directory, model, optimizer=None):
                 f"arrays, {len(expected)} expected; missing e.g. {missing}, "
                 f"not in the model e.g. {unexpected})")
         new = []
-        for i, (_, leaf) in enumerate(leaves_with_path):
-            saved = f[f"leaf_{i:05d}"]
+        for name, (_, leaf) in zip(expected, leaves_with_path):
+            saved = f[f"leaf_{index[name]:05d}"]
             if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
                 # an abstract key (a model built by nnx.eval_shape) names no
                 # implementation: the default one, which must give its dtype
                 impl = jax.random.key_impl(leaf) if isinstance(leaf, jax.Array) else None
                 value = jax.random.wrap_key_data(saved, impl=impl)
                 if value.dtype != leaf.dtype:
-                    raise ValueError(f"checkpoint {path}: key {paths[i]} is {value.dtype}, "
+                    raise ValueError(f"checkpoint {path}: key {name} is {value.dtype}, "
                                      f"the model expects {leaf.dtype}")
             else:
                 if saved.shape != leaf.shape:
-                    raise ValueError(f"checkpoint {path}: array {paths[i]} has shape "
+                    raise ValueError(f"checkpoint {path}: array {name} has shape "
                                      f"{saved.shape}, the model expects {leaf.shape}")
                 value = jnp.asarray(saved, dtype=leaf.dtype)
             new.append(jax.device_put(value, getattr(leaf, "sharding", None)))

@@ -74,7 +74,7 @@ class RunConfig:
                             "1%% of the peak at the last step) or constant (no decay)",
                             _TRAINING)
     ssm_lr: float = _option(1e-3, "learning rate of the state-space parameters (A or Lambda, "
-                            "P, B, log step), trained without weight decay (S4's recipe); 0: "
+                            "P, B, log dt), trained without weight decay (S4's recipe); 0: "
                             "train them like every other parameter", _TRAINING)
     weight_decay: float = _option(0.01, "AdamW weight decay", _TRAINING)
     ssm_weight_decay: float = _option(0.0, "AdamW weight decay of the state-space parameters "

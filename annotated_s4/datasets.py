@@ -71,6 +71,13 @@ class Dataset:
         if self.answer_len is not None and self.task != "recall":
             raise ValueError(f"answer_len is for recall tasks, not {self.task!r}")
 
+    @classmethod
+    def from_splits(cls, task, splits, d_output, **options):
+        """A Dataset of a loader's dict of splits (x_train, x_test and, for a
+        labelled task, y_train, y_test), e.g. ``data.load_digits_sequences()``."""
+        return cls(task, splits["x_train"], splits["x_test"], d_output,
+                   splits.get("y_train"), splits.get("y_test"), **options)
+
     @property
     def classification(self):
         """One label per sequence (the model pools over positions)."""
@@ -108,7 +115,7 @@ class DatasetEntry:
 
 def _classification(d):
     """A loader's dict (x_train, y_train, x_test, y_test) as ten-way classification."""
-    return Dataset("classify", d["x_train"], d["x_test"], 10, d["y_train"], d["y_test"])
+    return Dataset.from_splits("classify", d, 10)
 
 
 def _digits(side):

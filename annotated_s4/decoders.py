@@ -1,10 +1,12 @@
 """Decoding a causal convolution one token at a time, three ways.
 
-For y_i = sum_{j<=i} t_{i-j} x_j with d channels, three decoders share one
-functional interface:
+For y_i = sum_{j<=i} t_{i-j} x_j with d channels, three decoders share the
+layers' recurrent protocol (a cache made before the first token, then one
+`step` per token), in functional form: the cache is returned, not stored,
+so that it can be the carry of a jax.lax.scan.
 
-    state = dec.init()                   # arrays only, so it can live in a jax.lax.scan
-    state, y_t = dec.step(state, x_t)    # x_t, y_t: (d,)
+    cache = dec.empty_cache()            # arrays only
+    cache, y_t = dec.step(cache, x_t)    # x_t, y_t: (d,)
     y = dec.decode(x)                    # x: (L, d), L <= dec.n; scans step
 
 `FFTDecoder` recomputes the whole convolution for every token, `CacheDecoder`
@@ -19,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _checks as checks
+from ._types import Array, Float
 from .toeplitz import etsc_grid, roots_of_unity
 
 __all__ = ["FFTDecoder", "CacheDecoder", "SSMDecoder"]
@@ -33,8 +36,8 @@ class _Decoder:
             raise ValueError(f"x_t must have shape ({self.d},) (one token of every "
                              f"channel), got {jnp.shape(x_t)}")
 
-    def decode(self, x):
-        """Run step over x (L, d) from a fresh state; returns y (L, d).
+    def decode(self, x: Float[Array, "L *channels"]) -> Float[Array, "L d"]:
+        """Run step over x (L, d) from an empty cache; returns y (L, d).
 
         L must be at most n: past its kernel's length the FFT buffer would drop
         the writes, the Cache would see zero taps and the SSM would repeat its
@@ -47,11 +50,11 @@ class _Decoder:
             raise ValueError(f"x has {x.shape[0]} time steps but this {type(self).__name__} "
                              f"covers at most n = {self.n} (its kernel length or state "
                              "size); convert a longer kernel")
-        return jax.lax.scan(self.step, self.init(), x)[1]
+        return jax.lax.scan(self.step, self.empty_cache(), x)[1]
 
 
 class _InputBuffer(_Decoder):
-    """The state of the two decoders that keep the inputs: a buffer of the n
+    """The cache of the two decoders that keep the inputs: a buffer of the n
     past inputs (n, d) and the position i of the next one."""
 
     def __init__(self, t):
@@ -59,13 +62,13 @@ class _InputBuffer(_Decoder):
         self.t = t[:, None] if t.ndim == 1 else t
         self.n, self.d = self.t.shape
 
-    def init(self):
+    def empty_cache(self):
         return jnp.zeros_like(self.t), jnp.zeros((), jnp.int32)
 
-    def _push(self, state, x_t):
+    def _push(self, cache, x_t):
         """The buffer with x_t written at position i, and i."""
         self._check_step(x_t)
-        buf, i = state
+        buf, i = cache
         return buf.at[i].set(x_t), i
 
 
@@ -77,8 +80,8 @@ class FFTDecoder(_InputBuffer):
         super().__init__(t)
         self.t_hat = jnp.fft.rfft(self.t, 2 * self.n, axis=0)
 
-    def step(self, state, x_t):
-        buf, i = self._push(state, x_t)
+    def step(self, cache, x_t: Float[Array, " d"]) -> tuple[tuple, Float[Array, " d"]]:
+        buf, i = self._push(cache, x_t)
         y = jnp.fft.irfft(jnp.fft.rfft(buf, 2 * self.n, axis=0) * self.t_hat,
                           2 * self.n, axis=0)
         return (buf, i + 1), y[i]
@@ -93,8 +96,8 @@ class CacheDecoder(_InputBuffer):
         # reversed kernel: t_rev[j] = t[n-1-j], so t_{i-j} = t_rev[n-1-i+j]
         self.t_rev_padded = jnp.concatenate([self.t[::-1], jnp.zeros_like(self.t)], 0)
 
-    def step(self, state, x_t):
-        buf, i = self._push(state, x_t)
+    def step(self, cache, x_t: Float[Array, " d"]) -> tuple[tuple, Float[Array, " d"]]:
+        buf, i = self._push(cache, x_t)
         # rows n-1-i .. 2n-2-i of the padded reversed kernel: t_{i-j} for j <= i, 0 after
         taps = jax.lax.dynamic_slice_in_dim(self.t_rev_padded, self.n - 1 - i, self.n, 0)
         return (buf, i + 1), jnp.sum(taps * buf, axis=0)
@@ -115,7 +118,7 @@ class SSMDecoder(_Decoder):
     which obeys z_k <- gamma z_k + b_k omega^{-ik} x_i, and
     y_i = Re sum_k omega^{ik} z_k. The powers omega^{+-ik} are looked up from a
     table of the N roots of unity at the integer index p_k = ik mod N, carried
-    in the state and advanced by p_k <- (p_k + k) mod N. No power of a rounded
+    in the cache and advanced by p_k <- (p_k + k) mod N. No power of a rounded
     root is ever formed, so the error is that of a running (decaying) sum, not
     of a compounding rotation. A decay gamma is still a float32 number here:
     its rounding compounds into gamma^i (1 + i delta), delta <= 2^-24, which a
@@ -155,18 +158,20 @@ class SSMDecoder(_Decoder):
         lambd = roots_of_unity(N, b.dtype)[1:b.shape[0] + 1] * (1.0 if decay is None else decay)
         return cls(lambd, b, grid=(N, decay))
 
-    def init(self):
+    def empty_cache(self):
+        """The state s (h, d), or in exact-phase form z (h, d) and the phase
+        indices p (h,)."""
         z = jnp.zeros((self.h, self.d), self.b.dtype)
         if self.exact_phase:
             return z, jnp.zeros((self.h,), jnp.int32)
         return z
 
-    def step(self, state, x_t):
+    def step(self, cache, x_t: Float[Array, " d"]) -> tuple[Array | tuple, Float[Array, " d"]]:
         self._check_step(x_t)
         if not self.exact_phase:
-            state = self.lambd[:, None] * state + self.b * x_t[None, :]
-            return state, state.real.sum(axis=0)
-        z, p = state
+            s = self.lambd[:, None] * cache + self.b * x_t[None, :]
+            return s, s.real.sum(axis=0)
+        z, p = cache
         w = self.roots[p][:, None]  # omega^{ik}, from the exact integer phase
         z = self.gamma * z + self.b * jnp.conj(w) * x_t[None, :]
         y = (w * z).real.sum(axis=0)

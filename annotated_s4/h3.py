@@ -237,9 +237,11 @@ class H3Layer(nnx.Module):
 
     # -- State passing: a long sequence in chunks ------------------------------
 
-    def init_state(self, batch_size):
-        """The carried state: the last shift_size - 1 keys and the diagonal
-        SSM state of every head's memory entry (complex)."""
+    def empty_cache(self, batch_size):
+        """The state a chunk starts from, before any input: the last
+        shift_size - 1 keys and the diagonal SSM state of every head's memory
+        entry (complex), all zero. Unlike `init_cache` it is returned, not
+        stored, so that `chunk` can pass it on."""
         N_shift = self.shift.N
         return (
             jnp.zeros((batch_size, N_shift - 1, self.H)),
@@ -247,17 +249,17 @@ class H3Layer(nnx.Module):
                        self.state_size // 2), jnp.result_type(self.diag.Lambda_im[...], 1j)),
         )
 
-    def chunk(self, u, state):
-        """Run one chunk u (batch, T, H) from `state`; returns (y, new state).
+    def chunk(self, u, cache):
+        """Run one chunk u (batch, T, H) from `cache`; returns (y, new cache).
 
         Inside the chunk everything is a convolution (`causal_conv`). The past
-        enters through the state: the shift SSM sees the previous keys
+        enters through the cache: the shift SSM sees the previous keys
         prepended, and the diagonal SSM adds 2 Re C Lambda_bar^{t+1} x_prev to
         step t.
         """
         checks.sequence(u, self.H)
-        self._check_state(state, u.shape[0])
-        k_prev, x_prev = state
+        self._check_cache(cache, u.shape[0])
+        k_prev, x_prev = cache
         T, n_prev = u.shape[1], k_prev.shape[1]  # new steps, previous keys kept
         q, v = self._heads(self.W_Q(u)), self._heads(self.W_V(u))
         k_raw = jnp.concatenate([k_prev, self.W_K(u)], axis=1)
@@ -279,14 +281,14 @@ class H3Layer(nnx.Module):
         k_new = k_raw[:, k_raw.shape[1] - n_prev:] if n_prev else k_prev
         return self.W_O(o), (k_new, x_new)
 
-    def _check_state(self, state, batch_size):
-        expected = tuple(s.shape for s in self.init_state(batch_size))
-        if not isinstance(state, (tuple, list)) or len(state) != 2:
-            raise TypeError("state must be a pair (k_prev, x_prev) as returned by "
-                            f"init_state, got {type(state).__name__}")
-        got = tuple(jnp.shape(s) for s in state)
+    def _check_cache(self, cache, batch_size):
+        expected = tuple(s.shape for s in self.empty_cache(batch_size))
+        if not isinstance(cache, (tuple, list)) or len(cache) != 2:
+            raise TypeError("cache must be a pair (k_prev, x_prev) as returned by "
+                            f"empty_cache, got {type(cache).__name__}")
+        got = tuple(jnp.shape(s) for s in cache)
         if got != expected:
-            raise ValueError(f"state must have shapes {expected} (k_prev, x_prev) for "
+            raise ValueError(f"cache must have shapes {expected} (k_prev, x_prev) for "
                              f"batch {batch_size}, got {got}")
 
     def chunked(self, u, chunk_size):
@@ -296,10 +298,10 @@ class H3Layer(nnx.Module):
         if u.shape[1] % chunk_size:
             raise ValueError(
                 f"chunk_size must divide L = {u.shape[1]}, got {chunk_size}")
-        state = self.init_state(u.shape[0])
+        cache = self.empty_cache(u.shape[0])
         outs = []
         for piece in jnp.split(u, u.shape[1] // chunk_size, axis=1):
-            y, state = _run_chunk(self, piece, state)  # `chunk`, compiled once per shape
+            y, cache = _run_chunk(self, piece, cache)  # `chunk`, compiled once per shape
             outs.append(y)
         return jnp.concatenate(outs, axis=1)
 
@@ -310,7 +312,7 @@ class H3Layer(nnx.Module):
         Lambda_bar, B_bar, C = self.diag.discrete()
         self.Lambda_bar, self.B_bar, self.C2 = (
             nnx.Cache(Lambda_bar), nnx.Cache(B_bar), nnx.Cache(2 * C))
-        self.cache = nnx.Cache(self.init_state(batch_size)[1])
+        self.cache = nnx.Cache(self.empty_cache(batch_size)[1])
 
     def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         """One token: shift state (last keys) + per head a d_h x d_h x N state."""
@@ -328,16 +330,16 @@ class H3Layer(nnx.Module):
 
 
 @nnx.jit
-def _run_chunk(layer, u, state):
-    """`layer.chunk(u, state)` as one compiled program (run op by op, each of
+def _run_chunk(layer, u, cache):
+    """`layer.chunk(u, cache)` as one compiled program (run op by op, each of
     its operations would be compiled on its own, for every chunk length)."""
-    return layer.chunk(u, state)
+    return layer.chunk(u, cache)
 
 
 @dataclasses.dataclass(frozen=True)
 class H3Options(SSMOptions):
     """The options of `H3Layer` on the command line: the head dimension, the
-    keys' shift, and the state size and initial steps of each head's diagonal SSM."""
+    keys' shift, and the state size and initial step sizes Δ of each head's diagonal SSM."""
 
     state_size: int = option(16, "N, the state size of each head's diagonal SSM (even: "
                              "N/2 complex modes)", check=checks.even_int)
@@ -352,7 +354,7 @@ def build_h3(options, L):
     """The `H3Layer` factory of `options` (any length L: its kernels are built
     for the input's)."""
     return functools.partial(H3Layer, head_dim=options.head_dim, state_size=options.state_size,
-                             shift_size=options.shift_size, **options.steps())
+                             shift_size=options.shift_size, **options.dt_range())
 
 
 register_layer("h3", H3Options, build_h3,

@@ -21,7 +21,7 @@ from .s4 import (discretize_diagonal, dplr_rnn, dplr_step, kernel_DPLR,
 from .ssm import K_conv, causal_convolution, discretize
 
 __all__ = [
-    "log_step_initializer",
+    "log_dt_initializer",
     "SSMParam",
     "SSMLayer",
     "SSMOptions",
@@ -43,15 +43,15 @@ __all__ = [
 SSM_INITS = ("gaussian", "hippo")
 
 
-def log_step_initializer(rng, shape, dt_min=0.001, dt_max=0.1):
-    """log(step) drawn uniformly in [log dt_min, log dt_max]."""
+def log_dt_initializer(rng, shape, dt_min=0.001, dt_max=0.1):
+    """log(dt), the log of the step size Δ, drawn uniformly in [log dt_min, log dt_max]."""
     return jax.random.uniform(rng, shape) * (
         jnp.log(dt_max) - jnp.log(dt_min)
     ) + jnp.log(dt_min)
 
 
 class SSMLayer(nnx.Module):
-    """H independent N-state SSMs with learned A, B, C, D and log step.
+    """H independent N-state SSMs with learned A, B, C, D and log step size Δ (log_dt).
 
     A (H, N, N), B (H, N, 1) and C (H, 1, N) are H separate copies, each drawn
     with lecun_normal over its own (N, N), (N, 1), (1, N) shape (the channel
@@ -70,7 +70,7 @@ class SSMLayer(nnx.Module):
                                   checks.positive_int(L, "L"))
         checks.choice(init, "init", SSM_INITS)
         normal = jax.nn.initializers.lecun_normal(batch_axis=(0,))
-        # drawn for either init, so that C and the steps come from the same keys
+        # drawn for either init, so that C and dt come from the same keys
         A, B = normal(rngs.params(), (H, N, N)), normal(rngs.params(), (H, N, 1))
         if init == "hippo":  # the same dense, free parameters, started from HiPPO-LegS
             A_hippo, _, B_hippo = make_NPLR_HiPPO(N)
@@ -80,15 +80,13 @@ class SSMLayer(nnx.Module):
         self.B = SSMParam(B)
         self.C = nnx.Param(normal(rngs.params(), (H, 1, N)))
         self.D = nnx.Param(jnp.ones((H,)))
-        self.log_step = SSMParam(
-            log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
-        )
+        self.log_dt = SSMParam(log_dt_initializer(rngs.params(), (H,), dt_min, dt_max))
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
     def discrete(self):
         """(Ab, Bb, Cb) for every channel: shapes (H, N, N), (H, N, 1), (H, 1, N)."""
-        step = jnp.exp(self.log_step[...])
-        return jax.vmap(discretize)(self.A[...], self.B[...], self.C[...], step)
+        dt = jnp.exp(self.log_dt[...])
+        return jax.vmap(discretize)(self.A[...], self.B[...], self.C[...], dt)
 
     def kernel(self, L=None):
         """The per-channel convolution kernel `K_conv`, shape (H, L)."""
@@ -117,7 +115,7 @@ class SSMLayer(nnx.Module):
 @dataclasses.dataclass(frozen=True)
 class SSMOptions(LayerOptions):
     """The options of the dense SSM layer: the state size and the range of
-    the initial steps (S4's, S4D's and H3's options start from these)."""
+    the initial step sizes Δ (S4's, S4D's and H3's options start from these)."""
 
     state_size: int = option(16, "N, the SSM state size", check=checks.positive_int)
     dt_min: float = option(0.001, "smallest initial SSM step size (log-uniform in "
@@ -129,8 +127,8 @@ class SSMOptions(LayerOptions):
         checks.number(self.dt_max, "--dt-max", low=self.dt_min)
         return self
 
-    def steps(self):
-        """The keyword arguments of the initial step range."""
+    def dt_range(self):
+        """The keyword arguments dt_min, dt_max: the range of the initial step sizes Δ."""
         return {"dt_min": self.dt_min, "dt_max": self.dt_max}
 
 
@@ -145,7 +143,7 @@ class DenseSSMOptions(SSMOptions):
 
 register_layer("ssm", DenseSSMOptions,
                lambda o, L: functools.partial(SSMLayer, N=o.state_size, L=L, init=o.init,
-                                              **o.steps()),
+                                              **o.dt_range()),
                help="the dense SSM: a learned A per channel, its kernel by powers of Ab")
 
 
@@ -209,33 +207,33 @@ def random_NPLR(key, N):
 def _channel_params(rngs, H, N, dt_min, dt_max):
     """The parameters of every channel in S4 and S4D: its readout C (S4's C~),
     N/2 complex numbers drawn N(0, 1/2) in each part; its skip D = 1; and its
-    log step."""
+    log step size Δ (log_dt)."""
     C = jax.random.normal(rngs.params(), (H, N // 2, 2), _float_dtype()) * 0.5**0.5
-    log_step = log_step_initializer(rngs.params(), (H,), dt_min, dt_max)
-    return nnx.Param(C), nnx.Param(jnp.ones((H,))), SSMParam(log_step)
+    log_dt = log_dt_initializer(rngs.params(), (H,), dt_min, dt_max)
+    return nnx.Param(C), nnx.Param(jnp.ones((H,))), SSMParam(log_dt)
 
 
-def _per_channel(fn, shared, Lambda, P, B, C, step):
-    """fn(Lambda, P, B, C~, step) for each channel, stacked: Lambda, P, B are
+def _per_channel(fn, shared, Lambda, P, B, C, dt):
+    """fn(Lambda, P, B, C~, dt) for each channel, stacked: Lambda, P, B are
     the copy all channels share, or (shared=False) each channel's own."""
     own = None if shared else 0
-    return jax.vmap(fn, in_axes=(own, own, own, 0, 0))(Lambda, P, B, C, step)
+    return jax.vmap(fn, in_axes=(own, own, own, 0, 0))(Lambda, P, B, C, dt)
 
 
 # Compiled as one program each: called eagerly (a reader's first call), the
 # kernels and the convolution would otherwise compile operation by operation.
 @functools.partial(jax.jit, static_argnames=("L", "shared"))
-def _dplr_kernels(Lambda, P, B, C, step, *, L, shared):
+def _dplr_kernels(Lambda, P, B, C, dt, *, L, shared):
     """`kernel_DPLR` of every channel, (H, L): Lambda, P, B shared or (H, N/2)."""
     kernel = lambda Lambda, P, B, C, s: kernel_DPLR(Lambda, P, P, B, C, s, L, conj=True)  # noqa: E731
-    return _per_channel(kernel, shared, Lambda, P, B, C, step)
+    return _per_channel(kernel, shared, Lambda, P, B, C, dt)
 
 
 @functools.partial(jax.jit, static_argnums=4)
-def _diagonal_kernels(Lambda, B, C, step, L):
+def _diagonal_kernels(Lambda, B, C, dt, L):
     """The kernels 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l) of H diagonal SSMs, (H, L)."""
-    _, B_bar = discretize_diagonal(Lambda, B, step[:, None])
-    return vandermonde(2 * C * B_bar, step[:, None] * Lambda, L)
+    _, B_bar = discretize_diagonal(Lambda, B, dt[:, None])
+    return vandermonde(2 * C * B_bar, dt[:, None] * Lambda, L)
 
 
 @jax.jit
@@ -260,10 +258,10 @@ class S4Layer(nnx.Module):
     its own copy, all starting equal, as the S4 paper and the Annotated S4 do.
     b_clip clips Im B to [-b_clip, b_clip] at initialisation (the S4 authors'
     code does, with 2; the default None keeps HiPPO's B). One C~ (the kernel's
-    C (I - Ab^L)), D and log step per channel, so every channel reads the
-    HiPPO memory at its own time-scale through its own output vector. The
-    Cauchy matrix still depends on the channel's step
-    (through g = (2/step)(1 - z)/(1 + z)): CNN mode builds one of shape
+    C (I - Ab^L)), D and log step size Δ (log_dt) per channel, so every channel
+    reads the HiPPO memory at its own time-scale through its own output vector.
+    The Cauchy matrix still depends on the channel's step size Δ (dt)
+    (through g = (2/dt)(1 - z)/(1 + z)): CNN mode builds one of shape
     (L, N/2) per channel, (H, L, N/2) in all. Q = P, which keeps the
     Hermitian part Re(Lambda) - P P^* of A negative definite while Re Lambda < 0.
     Complex parameters are (real, imag) pairs in JAX's default float dtype;
@@ -294,15 +292,15 @@ class S4Layer(nnx.Module):
         self.Lambda_im = SSMParam(jnp.asarray(Lambda.imag, dtype=dtype))
         self.P = SSMParam(_as_pair(P))
         self.B = SSMParam(_as_pair(B))
-        self.C, self.D, self.log_step = _channel_params(rngs, H, N, dt_min, dt_max)
+        self.C, self.D, self.log_dt = _channel_params(rngs, H, N, dt_min, dt_max)
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
     def ssm_params(self):
         """(Lambda, P, B (N/2,), or (H, N/2) each unless shared, C~ (H, N/2),
-        step (H,)) as complex / real arrays."""
+        dt (H,)) as complex / real arrays."""
         Lambda = -jnp.exp(self.Lambda_log_neg_re[...]) + 1j * self.Lambda_im[...]
         return (Lambda, _from_pair(self.P[...]), _from_pair(self.B[...]),
-                _from_pair(self.C[...]), jnp.exp(self.log_step[...]))
+                _from_pair(self.C[...]), jnp.exp(self.log_dt[...]))
 
     def kernel(self, L=None):
         """The per-channel kernel, shape (H, L); L defaults to (and may not
@@ -331,8 +329,8 @@ class S4Layer(nnx.Module):
 
     def step(self, u_t: Float[Array, "batch H"]) -> Float[Array, "batch H"]:
         checks.step_input(u_t, self.H, self.cache)
-        Lambda, P, _, _, step = self.ssm_params()
-        x = dplr_step(self.cache[...], u_t, Lambda, P, P, self.Bb[...], step[:, None], conj=True)
+        Lambda, P, _, _, dt = self.ssm_params()
+        x = dplr_step(self.cache[...], u_t, Lambda, P, P, self.Bb[...], dt[:, None], conj=True)
         self.cache[...] = x
         y = 2.0 * jnp.einsum("hn,bhn->bh", self.Cb[...], x).real
         return y + self.D[...] * u_t
@@ -359,7 +357,7 @@ class S4Options(SSMOptions):
 
 def _build_s4(o, L):
     return functools.partial(S4Layer, N=o.state_size, L=L, shared=not o.independent,
-                             init=o.init, b_clip=o.b_clip, **o.steps())
+                             init=o.init, b_clip=o.b_clip, **o.dt_range())
 
 
 register_layer("s4", S4Options, _build_s4,
@@ -390,19 +388,19 @@ class S4DLayer(nnx.Module):
         self.Lambda_log_neg_re = SSMParam(jnp.log(-Lambda.real).astype(dtype))
         self.Lambda_im = SSMParam(Lambda.imag.astype(dtype))
         self.B = SSMParam(_as_pair(jnp.ones((H, N // 2)))) if learn_B else None
-        self.C, self.D, self.log_step = _channel_params(rngs, H, N, dt_min, dt_max)
+        self.C, self.D, self.log_dt = _channel_params(rngs, H, N, dt_min, dt_max)
         self.cache = nnx.data(None)  # set by init_cache (RNN mode)
 
     def ssm_params(self):
-        """(Lambda, B, C, step) with shapes (H, N/2) complex x3 and (H,)."""
+        """(Lambda, B, C, dt) with shapes (H, N/2) complex x3 and (H,)."""
         Lambda = -jnp.exp(self.Lambda_log_neg_re[...]) + 1j * self.Lambda_im[...]
         B = jnp.ones_like(Lambda) if self.B is None else _from_pair(self.B[...])
-        return Lambda, B, _from_pair(self.C[...]), jnp.exp(self.log_step[...])
+        return Lambda, B, _from_pair(self.C[...]), jnp.exp(self.log_dt[...])
 
     def discrete(self):
         """(Lambda_bar, B_bar, C), each complex (H, N/2)."""
-        Lambda, B, C, step = self.ssm_params()
-        return *discretize_diagonal(Lambda, B, step[:, None]), C
+        Lambda, B, C, dt = self.ssm_params()
+        return *discretize_diagonal(Lambda, B, dt[:, None]), C
 
     def kernel(self, L=None):
         """The per-channel kernel 2 Re(sum_n C_n B_bar_n Lambda_bar_n^l), (H, L)."""
@@ -439,7 +437,7 @@ class S4DOptions(SSMOptions):
 
 register_layer("s4d", S4DOptions,
                lambda o, L: functools.partial(S4DLayer, N=o.state_size, L=L, init=o.init,
-                                              **o.steps()),
+                                              **o.dt_range()),
                help="S4D: a diagonal state matrix")
 
 

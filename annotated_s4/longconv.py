@@ -193,7 +193,7 @@ class ETSCLayer(_LongConvolution):
         return etsc_kernel(self.b[...], L, decay=self.decay).T
 
     def init_cache(self, batch_size):
-        z, p = SSMDecoder.from_etsc(self.b[...], decay=self.decay).init()  # (h, H), (h,)
+        z, p = SSMDecoder.from_etsc(self.b[...], decay=self.decay).empty_cache()  # (h, H), (h,)
         self.phase = nnx.Cache(p)  # p_k = ik mod (h+1), shared by the batch
         self.cache = nnx.Cache(jnp.broadcast_to(z, (batch_size,) + z.shape))
 

@@ -38,7 +38,7 @@ from flax import nnx
 from . import _checks as checks
 from ._types import Array, Float
 from .catalog import SSMParam, option, register_layer
-from .layers import Linear, SSMOptions, log_step_initializer
+from .layers import Linear, SSMOptions, log_dt_initializer
 from .selective import SCANS, selective_scan, selective_step
 
 __all__ = [
@@ -99,12 +99,12 @@ def _uniform(rngs, shape, bound):
     return jax.random.uniform(rngs.params(), shape, minval=-bound, maxval=bound)
 
 
-def step_bias(rngs, shape, dt_min, dt_max, dt_floor):
+def dt_bias_initializer(rngs, shape, dt_min, dt_max, dt_floor):
     """The Δ bias of Mamba's blocks, softplus^{-1}(Δ_0) with Δ_0 log-uniform in
     [dt_min, dt_max] and at least dt_floor: at initialisation the bias alone
     puts softplus(bias) = Δ_0 in that range. A `SSMParam` of `shape`."""
-    step = jnp.exp(log_step_initializer(rngs.params(), shape, dt_min, dt_max))
-    return SSMParam(inverse_softplus(jnp.maximum(step, dt_floor)))
+    dt = jnp.exp(log_dt_initializer(rngs.params(), shape, dt_min, dt_max))
+    return SSMParam(inverse_softplus(jnp.maximum(dt, dt_floor)))
 
 
 class MambaBlock(nnx.Module):
@@ -124,7 +124,7 @@ class MambaBlock(nnx.Module):
       (PyTorch's default for a depthwise conv); the other projections
       lecun-normal (the package's `Linear`).
 
-    A_log and the Δ bias are `SSMParam`s (the state matrix and the step), so
+    A_log and the Δ bias are `SSMParam`s (the state matrix and the step size Δ), so
     ``--ssm-lr`` trains them at their own rate without weight decay. `scan`
     picks the scan of `selective.SCANS` (all give the same states).
 
@@ -162,7 +162,7 @@ class MambaBlock(nnx.Module):
             self.dt_proj = Linear(R, E, use_bias=False, rngs=rngs,
                                   kernel_init=lambda key, shape, dtype: jax.random.uniform(
                                       key, shape, dtype, -R ** -0.5, R ** -0.5))
-        self.dt_bias = step_bias(rngs, (E,), dt_min, dt_max, dt_floor)
+        self.dt_bias = dt_bias_initializer(rngs, (E,), dt_min, dt_max, dt_floor)
         self.A_log = SSMParam(jnp.log(jnp.broadcast_to(jnp.arange(1.0, N + 1), (E, N))))
         self.D = nnx.Param(jnp.ones((E,)))
         self.out_proj = Linear(E, H, use_bias=False, rngs=rngs)
@@ -231,12 +231,12 @@ class MambaOptions(SSMOptions):
                          check=checks.positive_int)
     conv_width: int = option(4, "W, the width of the causal depthwise convolution",
                              check=checks.positive_int)
-    dt_rank: int | None = option(None, "R, the rank of the step's projection (default: "
+    dt_rank: int | None = option(None, "R, the rank of the step size's projection (default: "
                                  "ceil(d_model / 16))", check=checks.positive_int)
     scan: str = option("recurrent", "how the selective scan runs: one step at a time "
                        "(recurrent), a parallel prefix scan (associative), or chunks "
                        "(chunked); the same states", choices=tuple(SCANS))
-    time_invariant: bool = option(False, "no selection: the step, B and C are trained "
+    time_invariant: bool = option(False, "no selection: the step size, B and C are trained "
                                   "parameters, not functions of the input (an LTI, "
                                   "S4D-Real SSM in Mamba's block)")
 
@@ -247,7 +247,7 @@ def build_mamba(options, L):
                              conv_width=options.conv_width,
                              dt_rank="auto" if options.dt_rank is None else options.dt_rank,
                              scan=options.scan, time_invariant=options.time_invariant,
-                             **options.steps())
+                             **options.dt_range())
 
 
 register_layer("mamba", MambaOptions, build_mamba,

@@ -9,7 +9,7 @@ shared by all heads (one group), a sequence u (batch, L, H) goes
 
     z, xBC, Δ = u W_in                 (batch, L, E), (batch, L, E + 2N), (batch, L, heads)
     x, B, C   = silu(conv(xBC))         one causal depthwise conv of width W over all three
-    Δ         = softplus(Δ + Δ bias)    one step per head
+    Δ         = softplus(Δ + Δ bias)    one step size per head
     y         = SSD(Δ x, Δ A; B, C) + D x     A = -exp(A_log) (heads,), D (heads,)
     y         = rmsnorm(y silu(z)) g    the gate, then a normalisation (weights g (E,))
     out       = y W_out                 back to (batch, L, H)
@@ -32,7 +32,7 @@ from . import _checks as checks
 from ._types import Array, Float
 from .catalog import SSMParam, option, register_layer
 from .layers import Linear, SSMOptions
-from .mamba import _uniform, causal_depthwise_conv, step_bias
+from .mamba import _uniform, causal_depthwise_conv, dt_bias_initializer
 from .ssd import SSD_ALGORITHMS, discretize_ssd, ssd, ssd_step
 
 __all__ = ["mamba2_param_count", "Mamba2Block", "Mamba2Options", "gated_rmsnorm"]
@@ -108,7 +108,7 @@ class Mamba2Block(nnx.Module):
         self.in_proj = Linear(H, 2 * E + 2 * N + self.heads, use_bias=False, rngs=rngs)
         self.conv_w = nnx.Param(_uniform(rngs, (W, E + 2 * N), W ** -0.5))
         self.conv_b = nnx.Param(_uniform(rngs, (E + 2 * N,), W ** -0.5))
-        self.dt_bias = step_bias(rngs, (self.heads,), dt_min, dt_max, dt_floor)
+        self.dt_bias = dt_bias_initializer(rngs, (self.heads,), dt_min, dt_max, dt_floor)
         self.A_log = SSMParam(jnp.log(jax.random.uniform(rngs.params(), (self.heads,),
                                                          minval=1.0, maxval=16.0)))
         self.D = nnx.Param(jnp.ones((self.heads,)))
@@ -126,7 +126,7 @@ class Mamba2Block(nnx.Module):
 
     def _heads(self, xBC, delta):
         """After the conv: x as heads (..., heads, P), B and C (..., heads, N)
-        (one group, repeated for every head) and the step Δ (..., heads)."""
+        (one group, repeated for every head) and the step size Δ (dt) (..., heads)."""
         x, B, C = jnp.split(xBC, [self.E, self.E + self.N], axis=-1)
         lead = x.shape[:-1]
         B, C = (jnp.broadcast_to(v[..., None, :], (*lead, self.heads, self.N)) for v in (B, C))
@@ -195,7 +195,7 @@ def build_mamba2(options, L):
     return functools.partial(Mamba2Block, state_size=options.state_size, expand=options.expand,
                              head_dim=options.head_dim, conv_width=options.conv_width,
                              algorithm=options.algorithm, chunk=options.chunk,
-                             **options.steps())
+                             **options.dt_range())
 
 
 register_layer("mamba2", Mamba2Options, build_mamba2,

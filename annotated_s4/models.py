@@ -2,19 +2,29 @@
 and a wrapper that reads a next-token model at its last position.
 
 Every sequence layer in the package (`layers`, `h3`, `attention`, `gru`,
-`longconv` and `mamba`) follows one contract, so these models serve them all:
+`longconv`, `mamba` and `mamba2`) follows one contract, so these models serve
+them all:
 
 * ``layer(H, rngs=...)`` builds a layer for H feature channels (pass the other
   arguments with ``functools.partial``);
 * ``layer(u)`` maps u of shape (batch, L, H) to (batch, L, H) in parallel
   ("CNN mode", used for training);
 * ``layer.init_cache(batch_size)`` prepares recurrent decoding: it precomputes
-  whatever the recurrence needs and zeroes the state, held in ``nnx.Cache``
-  variables;
+  whatever the recurrence needs and zeroes the layer's recurrent state, its
+  *cache*: everything a step carries to the next, held in ``nnx.Cache``
+  variables. ``layer.cache`` is the state proper (the SSM's x, attention's
+  keys and values, a convolution's past inputs); a second part is named for
+  what it holds (attention's ``position``, Mamba's conv ``window``, the ETSC
+  layer's ``phase``), and a sublayer keeps its own (H3's ``shift.cache``);
 * ``layer.step(u_t)`` maps one time step u_t of shape (batch, H) to (batch, H)
-  and advances the cached state ("RNN mode", used for generation);
+  and advances the cache ("RNN mode", used for generation);
 * ``layer.max_len`` is the longest sequence the layer accepts in either mode,
   None when there is no limit; CNN mode refuses longer inputs.
+
+The same words serve where the state is passed instead of stored: H3's
+``empty_cache``/``chunk`` (state passing between chunks) and the decoders of
+`decoders` (``empty_cache()``, ``step(cache, x_t)``) return the cache, so that
+it can be a carry of ``jax.lax.scan``.
 """
 
 from __future__ import annotations

@@ -112,8 +112,7 @@ def run(config, log=print, devices=None, cross_run=False):
                             {"config": recorded, "history": history})
 
     start = time.perf_counter()
-    history = fit(model, data.x_train, data.y_train, data.x_test, data.y_test,
-                  steps=config.steps, batch_size=config.batch_size,
+    history = fit(model, data, steps=config.steps, batch_size=config.batch_size,
                   seed=config.seed, eval_every=config.eval_every, log=log,
                   log_every=config.log_every, optimizer=optimizer, mesh=mesh, history=history,
                   on_step=checkpoint)

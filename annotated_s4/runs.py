@@ -85,10 +85,11 @@ def seeded(name, seed):
 
 def family(name, seeds):
     """The runs of the family `name` (its seed-0 run), one per seed, in order."""
-    missing = [seeded(name, s) for s in seeds if seeded(name, s) not in RUNS]
+    names = [seeded(name, s) for s in seeds]
+    missing = [n for n in names if n not in RUNS]
     if missing:
         raise ValueError(f"seeds: no reference run named {missing}")
-    return [seeded(name, s) for s in seeds]
+    return names
 
 
 def run_dir(name, root=None):

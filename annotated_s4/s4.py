@@ -43,42 +43,42 @@ __all__ = [
 
 
 def discretize_diagonal(
-    Lambda: Num[Array, "*H N"], B: Num[Array, "*H N"], step: Scalar | Real[Array, "*#H #N"]
+    Lambda: Num[Array, "*H N"], B: Num[Array, "*H N"], dt: Scalar | Real[Array, "*#H #N"]
 ) -> tuple[Inexact[Array, "*H N"], Inexact[Array, "*H N"]]:
     """Zero-order-hold discretization of x' = diag(Lambda) x + B u.
 
-    Returns (Lambda_bar, B_bar) = (exp(step Lambda),
-    (exp(step Lambda) - 1) / Lambda * B),
+    Returns (Lambda_bar, B_bar) = (exp(dt Lambda),
+    (exp(dt Lambda) - 1) / Lambda * B),
     so that x_k = Lambda_bar * x_{k-1} + B_bar u_k, elementwise. Lambda and B
-    have the same shape ((N,), or (H, N) for H channels); step is positive and
-    broadcasts against them (a scalar, or (H, 1)).
+    have the same shape ((N,), or (H, N) for H channels); dt, the step size Δ,
+    is positive and broadcasts against them (a scalar, or (H, 1)).
     """
     Lambda, B = jnp.asarray(Lambda), jnp.asarray(B)
     if Lambda.ndim < 1 or B.shape != Lambda.shape:
         raise ValueError(f"Lambda and B must have the same shape (..., N), got "
                          f"{Lambda.shape} and {B.shape}")
-    step = checks.positive(step, "step")
-    if jnp.ndim(step) > Lambda.ndim or jnp.broadcast_shapes(jnp.shape(step), Lambda.shape) != Lambda.shape:
-        raise ValueError(f"step of shape {jnp.shape(step)} does not broadcast against "
+    dt = checks.positive(dt, "dt")
+    if jnp.ndim(dt) > Lambda.ndim or jnp.broadcast_shapes(jnp.shape(dt), Lambda.shape) != Lambda.shape:
+        raise ValueError(f"dt of shape {jnp.shape(dt)} does not broadcast against "
                          f"Lambda of shape {Lambda.shape}")
-    dtL = step * Lambda
+    dtL = dt * Lambda
     Lambda_bar = jnp.exp(dtL)
     return Lambda_bar, (Lambda_bar - 1.0) / Lambda * B
 
 
-def kernel_diagonal(Lambda, B, C, step, L, conj=False):
+def kernel_diagonal(Lambda, B, C, dt, L, conj=False):
     """The kernel K_l = Re sum_n C_n B_bar_n Lambda_bar_n^l of a diagonal SSM
     discretised by a zero-order hold, shape (L,).
 
-    A Vandermonde matrix-vector product: exp(step * Lambda * l) for every
+    A Vandermonde matrix-vector product: exp(dt * Lambda * l) for every
     (n, l), contracted with C * B_bar. Complex in, real out.
     conj=True: the N stored modes stand for N conjugate pairs (as in
     `kernel_DPLR`), and each partner adds the complex conjugate of its mode's
     term, so K_l = 2 Re sum_n C_n B_bar_n Lambda_bar_n^l.
     """
-    Lambda, B, C = checks.diagonal(Lambda, B, C, step=step, L=L)
-    _, B_bar = discretize_diagonal(Lambda, B, step)
-    V = jnp.exp((step * Lambda)[:, None] * jnp.arange(L)[None, :])  # (N, L)
+    Lambda, B, C = checks.diagonal(Lambda, B, C, dt=dt, L=L)
+    _, B_bar = discretize_diagonal(Lambda, B, dt)
+    V = jnp.exp((dt * Lambda)[:, None] * jnp.arange(L)[None, :])  # (N, L)
     K = jnp.einsum("n,nl->l", C * B_bar, V).real
     return 2.0 * K if conj else K
 
@@ -205,16 +205,16 @@ def _hippo_and_C(N, C):
     return A, B, C
 
 
-def hippo_ssm(N, C, step, dtype=jnp.float64):
+def hippo_ssm(N, C, dt, dtype=jnp.float64):
     """The HiPPO-LegS SSM (A and B of `make_NPLR_HiPPO`) with output weights C
-    (N,), discretized with `step`: (Ab, Bb, Cb) of shapes (N, N), (N, 1),
+    (N,), discretized with step size `dt`: (Ab, Bb, Cb) of shapes (N, N), (N, 1),
     (1, N), in `dtype` (float64 takes effect under `jax.enable_x64`)."""
     A, B, C = _hippo_and_C(N, C)
     return discretize(jnp.asarray(A, dtype), jnp.asarray(B, dtype)[:, None],
-                      jnp.asarray(C, dtype)[None, :], step)
+                      jnp.asarray(C, dtype)[None, :], dt)
 
 
-def K_diagonalised(N, C, step, L):
+def K_diagonalised(N, C, dt, L):
     """The kernel of `hippo_ssm` through the naive diagonalisation
     A = W diag(w) W^{-1} and the diagonal kernel on the eigenvalues w, in
     numpy float64. Returns (K of shape (L,), cond(W)): exact in exact
@@ -222,8 +222,8 @@ def K_diagonalised(N, C, step, L):
     A, B, C = _hippo_and_C(N, C)
     L = checks.positive_int(L, "L")
     w, W = np.linalg.eig(A)
-    wb = (1 + step / 2 * w) / (1 - step / 2 * w)              # bilinear eigenvalues
-    bb = step / (1 - step / 2 * w) * np.linalg.solve(W, B)     # W^{-1} Bb
+    wb = (1 + dt / 2 * w) / (1 - dt / 2 * w)            # bilinear eigenvalues
+    bb = dt / (1 - dt / 2 * w) * np.linalg.solve(W, B)  # W^{-1} Bb
     return (((C @ W) * bb) @ (wb[:, None] ** np.arange(L)[None, :])).real, np.linalg.cond(W)
 
 
@@ -294,14 +294,14 @@ def cauchy(
 
 def kernel_DPLR(
     Lambda: Num[Array, "N"], P: Num[Array, "N"], Q: Num[Array, "N"],
-    B: Num[Array, "N"], C: Num[Array, "N"], step: Scalar, L: int, conj: bool = False
+    B: Num[Array, "N"], C: Num[Array, "N"], dt: Scalar, L: int, conj: bool = False
 ) -> Float[Array, "L"]:
     """The S4 convolution kernel of A = diag(Lambda) - P Q^*, shape (L,), real.
 
     C is C~ = C (I - Ab^L), the S4 parameterisation. With the bilinear
     discretisation, at a root of unity z the generating function is
 
-        (2 / (1 + z)) C~ (g(z) - A)^{-1} B,    g(z) = (2 / step) (1 - z) / (1 + z),
+        (2 / (1 + z)) C~ (g(z) - A)^{-1} B,    g(z) = (2 / dt) (1 - z) / (1 + z),
 
     and Woodbury turns the resolvent of a DPLR matrix into four Cauchy kernels:
 
@@ -313,11 +313,11 @@ def kernel_DPLR(
     SSM is then real, so its values at conjugate roots are conjugate: only
     the L // 2 + 1 roots that `irfft` reads are evaluated.
     """
-    Lambda, P, Q, B, C = checks.dplr(Lambda, P, Q, B, C, step=step, L=L)
+    Lambda, P, Q, B, C = checks.dplr(Lambda, P, Q, B, C, dt=dt, L=L)
     Omega_L = jnp.exp((-2j * jnp.pi) * (jnp.arange(L // 2 + 1 if conj else L) / L))
     aterm = (C.conj(), Q.conj())
     bterm = (B, P)
-    g = (2.0 / step) * ((1.0 - Omega_L) / (1.0 + Omega_L))
+    g = (2.0 / dt) * ((1.0 - Omega_L) / (1.0 + Omega_L))
     c = 2.0 / (1.0 + Omega_L)
     # the four Cauchy kernels share their poles Lambda: one Cauchy matrix
     v = jnp.stack([aterm[0] * bterm[0], aterm[0] * bterm[1],
@@ -335,15 +335,15 @@ def unfold_conj(*xs):
     return out[0] if len(out) == 1 else out
 
 
-def discrete_DPLR(Lambda, P, Q, B, C, step, L):
+def discrete_DPLR(Lambda, P, Q, B, C, dt, L):
     """The bilinear discretisation of a DPLR SSM as DENSE matrices (the reference).
 
     Returns (Ab, Bb, Cb) with shapes (N, N), (N, 1), (1, N), complex, such that
-    K_conv(Ab, Bb, Cb, L).real == kernel_DPLR(Lambda, P, Q, B, C, step, L).
+    K_conv(Ab, Bb, Cb, L).real == kernel_DPLR(Lambda, P, Q, B, C, dt, L).
 
-    Ab = A1 A0 and Bb = 2 A1 B with A0 = (2/step) I + A and
-    A1 = ((2/step) I - A)^{-1} = D - D P (1 + Q^* D P)^{-1} Q^* D, where
-    D = diag(1 / (2/step - Lambda)) (Woodbury: no dense inverse). But the
+    Ab = A1 A0 and Bb = 2 A1 B with A0 = (2/dt) I + A and
+    A1 = ((2/dt) I - A)^{-1} = D - D P (1 + Q^* D P)^{-1} Q^* D, where
+    D = diag(1 / (2/dt - Lambda)) (Woodbury: no dense inverse). But the
     product A1 @ A0 is formed: O(N^2) memory, O(N^3) to build and O(N^2) per
     step of the recurrence. `dplr_step` applies the same Ab in O(N), never
     forming it; this function is what it is checked against.
@@ -351,12 +351,12 @@ def discrete_DPLR(Lambda, P, Q, B, C, step, L):
     conjugate, see kernel_DPLR), the recurrence needs Cb = C~^* (I - Ab^L)^{-1}:
     a dense power Ab^L and one N x N solve, done once.
     """
-    Lambda, P, Q, B, C = checks.dplr(Lambda, P, Q, B, C, step=step, L=L)
+    Lambda, P, Q, B, C = checks.dplr(Lambda, P, Q, B, C, dt=dt, L=L)
     N = Lambda.shape[0]
     A = jnp.diag(Lambda) - P[:, None] @ Q[:, None].conj().T
     I = jnp.eye(N)
-    A0 = (2.0 / step) * I + A
-    d = 1.0 / ((2.0 / step) - Lambda)  # the diagonal of D
+    A0 = (2.0 / dt) * I + A
+    d = 1.0 / ((2.0 / dt) - Lambda)  # the diagonal of D
     Qc = Q.conj()
     DP = d * P
     QcD = Qc * d
@@ -379,33 +379,33 @@ def _dot(a, b, conj):
     return 2.0 * s.real if conj else s
 
 
-def dplr_A0(x, Lambda, P, Q, step, conj=False):
-    """A0 x = ((2/step) I + diag(Lambda) - P Q^*) x: a diagonal and a rank one, O(N)."""
-    return (2.0 / step + Lambda) * x - P * _dot(Q, x, conj)[..., None]
+def dplr_A0(x, Lambda, P, Q, dt, conj=False):
+    """A0 x = ((2/dt) I + diag(Lambda) - P Q^*) x: a diagonal and a rank one, O(N)."""
+    return (2.0 / dt + Lambda) * x - P * _dot(Q, x, conj)[..., None]
 
 
-def dplr_A1(y, Lambda, P, Q, step, conj=False):
-    """A1 y = ((2/step) I - diag(Lambda) + P Q^*)^{-1} y by Woodbury, O(N):
+def dplr_A1(y, Lambda, P, Q, dt, conj=False):
+    """A1 y = ((2/dt) I - diag(Lambda) + P Q^*)^{-1} y by Woodbury, O(N):
 
-        A1 = D - D P (1 + Q^* D P)^{-1} Q^* D,   D = diag(1 / (2/step - Lambda)).
+        A1 = D - D P (1 + Q^* D P)^{-1} Q^* D,   D = diag(1 / (2/dt - Lambda)).
     """
-    d = 1.0 / (2.0 / step - Lambda)
+    d = 1.0 / (2.0 / dt - Lambda)
     r = _dot(Q, d * y, conj) / (1.0 + _dot(Q, d * P, conj))
     return d * y - (d * P) * r[..., None]
 
 
-def dplr_step(x, u, Lambda, P, Q, Bb, step, conj=False):
+def dplr_step(x, u, Lambda, P, Q, Bb, dt, conj=False):
     """One step x_k = Ab x_{k-1} + Bb u_k with Ab = A1 A0 applied, never formed: O(N).
 
     x has shape (..., N) (complex), u shape (...) (the scalar input of each
-    SSM); Lambda, P, Q have shape (N,); Bb and step broadcast against x.
+    SSM); Lambda, P, Q have shape (N,); Bb and dt broadcast against x.
     With conj, x holds the N stored modes of 2N conjugate pairs.
     """
-    return dplr_A1(dplr_A0(x, Lambda, P, Q, step, conj), Lambda, P, Q, step, conj) \
+    return dplr_A1(dplr_A0(x, Lambda, P, Q, dt, conj), Lambda, P, Q, dt, conj) \
         + Bb * u[..., None]
 
 
-def dplr_rnn(Lambda, P, Q, B, C, step, L, conj=False):
+def dplr_rnn(Lambda, P, Q, B, C, dt, L, conj=False):
     """(Bb, Cb) for `dplr_step`, shapes (N,), with y_k = Re(Cb x_k)
     (2 Re(...) with conj).
 
@@ -413,8 +413,8 @@ def dplr_rnn(Lambda, P, Q, B, C, step, L, conj=False):
     the L-th power of Ab, taken densely by `discrete_DPLR` once, at set-up
     (O(N^3 log L)); every step after that is O(N).
     """
-    Lambda, P, Q, B, C = checks.dplr(Lambda, P, Q, B, C, step=step)
-    Bb = dplr_A1(2.0 * B, Lambda, P, Q, step, conj)
+    Lambda, P, Q, B, C = checks.dplr(Lambda, P, Q, B, C, dt=dt)
+    Bb = dplr_A1(2.0 * B, Lambda, P, Q, dt, conj)
     full = unfold_conj(Lambda, P, Q, B, C) if conj else (Lambda, P, Q, B, C)
-    _, _, Cb = discrete_DPLR(*full, step, L)
+    _, _, Cb = discrete_DPLR(*full, dt, L)
     return Bb, Cb[0, :Lambda.shape[0]]

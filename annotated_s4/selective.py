@@ -1,6 +1,6 @@
 """The selective state space model (Mamba's S6) and three ways to scan it.
 
-S4 and its diagonal relatives are time-invariant: the same (A, B, C, step)
+S4 and its diagonal relatives are time-invariant: the same (A, B, C, Δ)
 at every position, which is what lets them run as a convolution. Mamba makes
 the step Delta and the matrices B and C functions of the input, one value per
 position, so that the model can choose what to remember and what to forget:

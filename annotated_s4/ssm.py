@@ -42,7 +42,7 @@ def random_SSM(rng, N):
     A = S - (I + F F^T) / 2 with S skew-symmetric (S = G - G^T) and G, F
     standard normal / sqrt(N). Its symmetric part -(I + F F^T) / 2 is negative
     definite, so every eigenvalue of A has real part <= -1/2: the continuous
-    system is stable, and so is its bilinear discretization at every step.
+    system is stable, and so is its bilinear discretization at every step size.
     B and C are uniform on [0, 1).
     """
     N = checks.positive_int(N, "N")
@@ -56,14 +56,14 @@ def random_SSM(rng, N):
 
 
 def discretize(
-    A: Num[Array, "N N"], B: Num[Array, "N 1"], C: Num[Array, "1 N"], step: Scalar
+    A: Num[Array, "N N"], B: Num[Array, "N 1"], C: Num[Array, "1 N"], dt: Scalar
 ) -> tuple[Inexact[Array, "N N"], Inexact[Array, "N 1"], Num[Array, "1 N"]]:
-    """Bilinear (trapezoid / Tustin) discretization with step size `step`."""
-    A, B, C = checks.ssm(A, B, C, step=step)
+    """Bilinear (trapezoid / Tustin) discretization with step size Δ (`dt`)."""
+    A, B, C = checks.ssm(A, B, C, dt=dt)
     I = jnp.eye(A.shape[0])
-    BL = jnp.linalg.inv(I - (step / 2.0) * A)
-    Ab = BL @ (I + (step / 2.0) * A)
-    Bb = (BL * step) @ B
+    BL = jnp.linalg.inv(I - (dt / 2.0) * A)
+    Ab = BL @ (I + (dt / 2.0) * A)
+    Bb = (BL * dt) @ B
     return Ab, Bb, C
 
 
@@ -95,7 +95,7 @@ def run_SSM(A, B, C, u):
     u = checks.array(u, "u", ndim=1)
     L = u.shape[0]
     N = jnp.asarray(A).shape[0]
-    Ab, Bb, Cb = discretize(A, B, C, step=1.0 / L)
+    Ab, Bb, Cb = discretize(A, B, C, dt=1.0 / L)
     return scan_SSM(Ab, Bb, Cb, u[:, None], jnp.zeros((N,)))[1]
 
 
@@ -172,7 +172,7 @@ def example_ssm(L=200, T=5.0, k=40.0, b=5.0, m=1.0):
     L = checks.positive_int(L, "L")
     T = checks.number(T, "T", low=0, low_open=True)
     A, B, C = example_mass(k=k, b=b, m=m)
-    Ab, Bb, Cb = discretize(A, B, C, step=T / L)
+    Ab, Bb, Cb = discretize(A, B, C, dt=T / L)
     t = jnp.arange(1, L + 1) * (T / L)
     u = example_force(t)
     _, y = scan_SSM(Ab, Bb, Cb, u[:, None], jnp.zeros((2,)))
@@ -228,21 +228,21 @@ def reference_solution(A, B, C, force, t, breaks=(), rtol=1e-11, atol=1e-13):
 # --------------------------------------------------------------------------
 # How long a discrete SSM remembers
 # --------------------------------------------------------------------------
-def memory_ratio(A, B, step, lengths):
+def memory_ratio(A, B, dt, lengths):
     """How much of the first input the state still holds when the L-th arrives.
 
     For each L in `lengths`: ||Ab^(L-1) Bb||^2 / ||Bb||^2, with (Ab, Bb) the
-    bilinear discretisation of `discretize` at `step`. Bb is the state that
+    bilinear discretisation of `discretize` at step size `dt`. Bb is the state that
     an impulse u_0 = 1 leaves, Ab^(L-1) Bb what is left of it L - 1 steps
     later; below 1 the state forgets, above 1 it amplifies. A (N, N) and
     B (N, 1), real or complex. NumPy in float64: a diagnostic of an
     initialisation, and ratios far below float32's smallest number stay exact.
     """
     checks.array(A, "A", ndim=2), checks.array(B, "B", shape=(np.shape(A)[0], 1))
-    step = checks.positive(step, "step")
+    dt = checks.positive(dt, "dt")
     A, B = np.asarray(A, dtype=np.complex128), np.asarray(B, dtype=np.complex128)
     I = np.eye(A.shape[0])
-    BL = np.linalg.inv(I - (step / 2.0) * A)
-    Ab, Bb = BL @ (I + (step / 2.0) * A), (BL * step) @ B
+    BL = np.linalg.inv(I - (dt / 2.0) * A)
+    Ab, Bb = BL @ (I + (dt / 2.0) * A), (BL * dt) @ B
     left = [np.linalg.matrix_power(Ab, checks.positive_int(L, "L") - 1) @ Bb for L in lengths]
     return np.array([np.vdot(x, x).real for x in left]) / np.vdot(Bb, Bb).real

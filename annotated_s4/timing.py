@@ -155,7 +155,7 @@ def convolution_timings(lengths, N=64, repeats=5, seed=3):
     direct = jax.jit(lambda u, K: causal_convolution(u, K, nofft=True))
     # the scan, like the FFT on a given K, starts from given matrices (Ab, Bb, Cb)
     scan = jax.jit(lambda Ab, Bb, Cb, u: scan_SSM(Ab, Bb, Cb, u[:, None], jnp.zeros(N))[1][:, 0])
-    one_step = op_count(scan, *discretize(A, B, C, step=1.0), jnp.zeros(1))["flops"]
+    one_step = op_count(scan, *discretize(A, B, C, dt=1.0), jnp.zeros(1))["flops"]
     rows = []
     for L in lengths:
         u = jax.random.normal(jax.random.PRNGKey(seed + 1), (L,))
@@ -282,15 +282,15 @@ def kernel_fns(N, L):
     solve per root, O(N^3 L); dplr: `kernel_DPLR`, O(N L) Cauchy sums + FFT.
     """
     N, L = checks.positive_int(N, "N"), checks.positive_int(L, "L")
-    step = 1.0 / L
+    dt = 1.0 / L
     C0 = np.random.RandomState(0).randn(N) / np.sqrt(N)
-    Ab, Bb, Cb = hippo_ssm(N, C0, step, jnp.float32)
+    Ab, Bb, Cb = hippo_ssm(N, C0, dt, jnp.float32)
     Lambda, P, B, _ = make_DPLR_HiPPO(N)
     c64 = lambda x: jnp.asarray(x, jnp.complex64)  # noqa: E731
     Ct = c64(np.random.RandomState(1).randn(N))
     naive = jax.jit(lambda: K_conv(Ab, Bb, Cb, L))
     gen = jax.jit(lambda: conv_from_gen(K_gen_inverse(Ab, Bb, Cb, L), L))
-    dplr = jax.jit(lambda: kernel_DPLR(c64(Lambda), c64(P), c64(P), c64(B), Ct, step, L))
+    dplr = jax.jit(lambda: kernel_DPLR(c64(Lambda), c64(P), c64(P), c64(B), Ct, dt, L))
     return {"naive": naive, "generating_function": gen, "dplr": dplr}
 
 
@@ -300,13 +300,13 @@ def layer_kernel_fn(H, N, L):
     Jitted as a pure function of the parameters, so that the time is the
     kernel's and not the module bookkeeping of `nnx.jit` (a few ms per call).
     """
-    Lambda, P, B, C, step = S4Layer(H, N, L, rngs=nnx.Rngs(0)).ssm_params()
+    Lambda, P, B, C, dt = S4Layer(H, N, L, rngs=nnx.Rngs(0)).ssm_params()
 
     @jax.jit
-    def kernel(Lambda, P, B, C, step):
-        return jax.vmap(lambda C, s: kernel_DPLR(Lambda, P, P, B, C, s, L, conj=True))(C, step)
+    def kernel(Lambda, P, B, C, dt):
+        return jax.vmap(lambda C, s: kernel_DPLR(Lambda, P, P, B, C, s, L, conj=True))(C, dt)
 
-    return lambda: kernel(Lambda, P, B, C, step)
+    return lambda: kernel(Lambda, P, B, C, dt)
 
 
 def kernel_scaling(lengths, N=64, H=128, kernels=KERNELS, max_L=None, repeats=3):

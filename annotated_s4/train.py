@@ -219,10 +219,12 @@ def batch_indices(seed, step, n, batch_size):
     return order[k * batch_size:(k + 1) * batch_size]
 
 
-def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
-        batch_size=64, lr=None, weight_decay=None, ssm_lr=None, seed=0, eval_every=0,
-        log=print, log_every=0, optimizer=None, mesh=None, history=None, on_step=None):
-    """Train `model` for `steps` steps (the batch of step s: `batch_indices(seed, s, ...)`).
+def fit(model, data, *, steps=500, batch_size=64, lr=None, weight_decay=None, ssm_lr=None,
+        seed=0, eval_every=0, log=print, log_every=0, optimizer=None, mesh=None,
+        history=None, on_step=None):
+    """Train `model` on `data` (a `datasets.Dataset`: its training split, scored
+    on its test split) for `steps` steps (the batch of step s:
+    `batch_indices(seed, s, ...)`).
 
     Returns the history: "step", "train_loss" and "seconds" (the step's wall
     time, evaluations excluded) for every step; "eval", dicts of step, loss and
@@ -242,6 +244,10 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
     and sent to the device before that wait, so that this host work overlaps
     the device's computation instead of following it.
     """
+    if not all(hasattr(data, a) for a in ("x_train", "y_train", "x_test", "y_test")):
+        raise TypeError("data must be a datasets.Dataset (x_train, y_train, x_test, "
+                        f"y_test), got {type(data).__name__}")
+    x_train, y_train, x_test, y_test = data.x_train, data.y_train, data.x_test, data.y_test
     steps = checks.positive_int(steps, "steps")
     batch_size = checks.batch_size(batch_size, len(x_train))
     rates = {k: v for k, v in (("lr", lr), ("weight_decay", weight_decay), ("ssm_lr", ssm_lr))
@@ -277,7 +283,7 @@ def fit(model, x_train, y_train=None, x_test=None, y_test=None, *, steps=500,
         if log_every and (step % log_every == 0 or step == steps):
             log(f"step {step:6d}/{steps}  loss {loss:.4f}  acc {float(acc):.3f}  "
                 f"{1e3 * seconds_per_step(history):.1f} ms/step")
-        if x_test is not None and (step == steps or (eval_every and step % eval_every == 0)):
+        if step == steps or (eval_every and step % eval_every == 0):
             metrics = evaluate(model, x_test, y_test, mesh=mesh)
             history["eval"].append({"step": step, **metrics})
             log(f"step {step:6d}  train loss {loss:.4f}  test loss {metrics['loss']:.4f}  "

@@ -97,15 +97,15 @@ def generation(layer_cls, H, N, L, batch, repeats):
 def step_fns(H, N, L):
     """The O(N) and the dense one-token step of one S4Layer's H channels (pure functions)."""
     layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
-    Lambda, P, B, C, step = layer.ssm_params()
+    Lambda, P, B, C, dt = layer.ssm_params()
     D = layer.D[...]
-    Bb, Cb = jax.vmap(lambda C, s: dplr_rnn(Lambda, P, P, B, C, s, L, conj=True))(C, step)
+    Bb, Cb = jax.vmap(lambda C, s: dplr_rnn(Lambda, P, P, B, C, s, L, conj=True))(C, dt)
     Ab, Bd, Cd = jax.vmap(lambda C, s: discrete_DPLR(*unfold_conj(Lambda, P, P, B, C), s, L))(
-        C, step)
+        C, dt)
     Bd, Cd = Bd[..., 0], Cd[:, 0]
 
     def fast(x, u):  # x (batch, H, N/2): what S4Layer.step computes
-        x = dplr_step(x, u, Lambda, P, P, Bb, step[:, None], conj=True)
+        x = dplr_step(x, u, Lambda, P, P, Bb, dt[:, None], conj=True)
         return x, 2.0 * jnp.einsum("hn,bhn->bh", Cb, x).real + D * u
 
     def dense(x, u):  # x (batch, H, N): Ab (H, N, N) formed

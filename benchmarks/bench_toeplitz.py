@@ -154,7 +154,7 @@ def per_token(kind, n, d, layers, h_fixed=512, tokens=32):
             return new, x
         return jax.lax.scan(body, states, xs)
 
-    states = [dec.init() for dec in decs]
+    states = [dec.empty_cache() for dec in decs]
     # start late in the sequence: position n - tokens (matters for FFT/Cache
     # only through masking; their arrays are sized n from the start)
     if kind in ("fft", "cache"):

@@ -49,6 +49,36 @@ def test_checkpoint_roundtrip_and_mismatch(tmp_path):
         checkpoint.load_checkpoint(tmp_path / "nowhere", m1, o1)
 
 
+def test_a_checkpoint_with_renamed_parameters_loads_under_their_new_names(tmp_path):
+    """A checkpoint written before a rename (`checkpoint.RENAMED`: the step size
+    was `log_step`, now `log_dt`) names the old parameter in its model's and its
+    optimizer's paths; it loads into the current model and optimizer with
+    every value as saved, whatever the order of its arrays."""
+    def make(seed):
+        m = StackedModel(functools.partial(SSMLayer, N=2, L=8), 3, 4, 2, rngs=nnx.Rngs(seed))
+        return m, train.make_optimizer(m)
+
+    m1, o1 = make(0)
+    checkpoint.save_checkpoint(tmp_path, m1, o1, 5)
+    with np.load(tmp_path / "checkpoint.npz", allow_pickle=False) as f:
+        arrays = dict(f)
+    paths = [str(p) for p in arrays["paths"]]
+    assert sum("/log_dt/" in p for p in paths) > 2            # the model's and Adam's states
+    old = [p.replace("/log_dt/", "/log_step/") for p in paths]
+    order = np.random.default_rng(0).permutation(len(paths))  # another order as well
+    leaves = {f"leaf_{j:05d}": arrays[f"leaf_{i:05d}"] for j, i in enumerate(order)}
+    np.savez(tmp_path / "checkpoint.npz", **leaves, paths=np.array([old[i] for i in order]),
+             step=arrays["step"], extra=arrays["extra"])
+    m2, o2 = make(1)
+    assert checkpoint.load_checkpoint(tmp_path, m2, o2)[0] == 5
+    for a, b in zip(jax.tree_util.tree_leaves(nnx.state((m1, o1))),
+                    jax.tree_util.tree_leaves(nnx.state((m2, o2)))):
+        if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(m1.layers[0].seq.log_dt[...], make(1)[0].layers[0].seq.log_dt[...])
+
+
 def test_a_checkpoint_stored_at_half_precision_loads_as_the_rounded_model(tmp_path):
     """dtype="float16" stores the real floating-point arrays rounded (integer
     state, such as dropout streams' counters, as it is); loading casts them back

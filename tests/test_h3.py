@@ -208,15 +208,15 @@ def test_chunked_checks_chunk_size():
     assert jnp.allclose(layer.chunked(u, np.int64(4)), layer(u), atol=1e-4)
 
 
-def test_chunk_checks_state():
+def test_chunk_checks_cache():
     layer = H3Layer(8, rngs=nnx.Rngs(0), head_dim=4, state_size=4, shift_size=3)
     u = _u((2, 6, 8))
-    k_prev, x_prev = layer.init_state(2)
-    with pytest.raises(ValueError, match="state must have shapes"):
+    k_prev, x_prev = layer.empty_cache(2)
+    with pytest.raises(ValueError, match="cache must have shapes"):
         layer.chunk(u, (k_prev, x_prev[..., :1]))
-    with pytest.raises(ValueError, match="state must have shapes"):
-        layer.chunk(u, layer.init_state(3))            # batch 3 for a batch-2 chunk
-    with pytest.raises(TypeError, match="state must be a pair"):
+    with pytest.raises(ValueError, match="cache must have shapes"):
+        layer.chunk(u, layer.empty_cache(3))            # batch 3 for a batch-2 chunk
+    with pytest.raises(TypeError, match="cache must be a pair"):
         layer.chunk(u, x_prev)
 
 
@@ -226,9 +226,9 @@ def test_chunk_survives_underflowing_decay():
     layer = H3Layer(8, rngs=nnx.Rngs(1), head_dim=4, state_size=4)
     layer.diag.Lambda_log_neg_re[...] = jnp.full_like(layer.diag.Lambda_log_neg_re[...],
                                                       jnp.log(200.0))
-    layer.diag.log_step[...] = jnp.zeros_like(layer.diag.log_step[...])   # step 1
+    layer.diag.log_dt[...] = jnp.zeros_like(layer.diag.log_dt[...])   # dt 1
     u = _u((1, 32, 8), seed=3)
-    y, (k_new, x_new) = layer.chunk(u, layer.init_state(1))
+    y, (k_new, x_new) = layer.chunk(u, layer.empty_cache(1))
     assert jnp.isfinite(y).all() and jnp.isfinite(x_new).all()
     assert jnp.allclose(layer.chunked(u, 8), layer(u), atol=1e-4)
 

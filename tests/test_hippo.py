@@ -136,15 +136,15 @@ def test_hippo_forgets_at_its_eigenvalues_in_either_form():
     of basis, and lies below what the slowest mode alone would keep."""
     from annotated_s4.ssm import memory_ratio
 
-    N, step, lengths = 16, 1e-3, [64, 1024, 4096]
+    N, dt, lengths = 16, 1e-3, [64, 1024, 4096]
     A, _, B = make_NPLR_HiPPO(N)
     assert np.all(np.triu(A, 1) == 0)
     np.testing.assert_allclose(np.diag(A), -np.arange(1, N + 1), rtol=1e-14)
     Lambda, P, Bd, _ = make_DPLR_HiPPO(N)
     Ad = np.diag(Lambda) - np.outer(P, P.conj())
-    original = memory_ratio(A, B[:, None], step, lengths)
-    np.testing.assert_allclose(memory_ratio(Ad, Bd[:, None], step, lengths), original, rtol=1e-6)
-    slowest = ((1 - step / 2) / (1 + step / 2)) ** (2 * (np.array(lengths) - 1))
+    original = memory_ratio(A, B[:, None], dt, lengths)
+    np.testing.assert_allclose(memory_ratio(Ad, Bd[:, None], dt, lengths), original, rtol=1e-6)
+    slowest = ((1 - dt / 2) / (1 + dt / 2)) ** (2 * (np.array(lengths) - 1))
     assert np.all(original < slowest)
     assert 6.2e-3 < original[1] < 6.4e-3
 

@@ -20,13 +20,13 @@ from annotated_s4.attention import CausalSelfAttention
 from annotated_s4 import catalog
 from annotated_s4.h3 import H3Layer
 from annotated_s4.hippo import make_DPLR_HiPPO
-from annotated_s4.layers import log_step_initializer
+from annotated_s4.layers import log_dt_initializer
 from annotated_s4.sample import rnn_log_probs
 from annotated_s4.longconv import TNNLayer, ToeplitzLayer
 
 
-def test_log_step_initializer_range():
-    x = log_step_initializer(jax.random.PRNGKey(0), (1000,), 0.001, 0.1)
+def test_log_dt_initializer_range():
+    x = log_dt_initializer(jax.random.PRNGKey(0), (1000,), 0.001, 0.1)
     assert float(x.min()) >= np.log(0.001) and float(x.max()) <= np.log(0.1)
     assert float(x.max()) - float(x.min()) > 0.9 * (np.log(0.1) - np.log(0.001))
 
@@ -68,7 +68,7 @@ def test_ssm_layer_init_is_per_channel():
 def test_ssm_layer_hippo_init_changes_only_A_and_B():
     """init="hippo": every channel's A and B are HiPPO-LegS's (A_nk = -sqrt(2n+1)
     sqrt(2k+1) below the diagonal, -(n+1) on it; B_n = sqrt(2n+1)); C, D and the
-    steps are what the Gaussian layer of the same seed draws."""
+    step sizes (log_dt) are what the Gaussian layer of the same seed draws."""
     H, N = 3, 4
     gaussian = SSMLayer(H, N, 8, rngs=nnx.Rngs(0))
     hippo = SSMLayer(H, N, 8, rngs=nnx.Rngs(0), init="hippo")
@@ -77,7 +77,7 @@ def test_ssm_layer_hippo_init_changes_only_A_and_B():
     for h in range(H):
         np.testing.assert_allclose(hippo.A[...][h], A, rtol=1e-6)
         np.testing.assert_allclose(hippo.B[...][h, :, 0], np.sqrt([1, 3, 5, 7]), rtol=1e-6)
-    for name in ("C", "D", "log_step"):
+    for name in ("C", "D", "log_dt"):
         np.testing.assert_array_equal(getattr(hippo, name)[...], getattr(gaussian, name)[...])
     with pytest.raises(ValueError, match="init must be one of"):
         SSMLayer(H, N, 8, rngs=nnx.Rngs(0), init="legt")
@@ -182,13 +182,13 @@ def test_params_get_gradients(name, make):
     grads = nnx.grad(lambda m: jnp.sum(m(u) ** 2))(layer)
     leaves = jax.tree_util.tree_leaves(grads)
     assert leaves and all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
-    assert float(jnp.abs(grads.log_step[...]).sum()) > 0
+    assert float(jnp.abs(grads.log_dt[...]).sum()) > 0
     assert float(jnp.abs(grads.C[...]).sum()) > 0
 
 
 def test_s4_is_hippo_initialised_and_stable():
     layer = S4Layer(H, N, L, rngs=nnx.Rngs(0))
-    Lambda, P, B, C, step = layer.ssm_params()
+    Lambda, P, B, C, dt = layer.ssm_params()
     Lambda0, P0, B0, _ = make_DPLR_HiPPO(N, conj=True)
     assert np.allclose(Lambda.real, -0.5, atol=1e-6)
     # the whole DPLR HiPPO, not only its real part: one shared copy (float32)
@@ -198,7 +198,7 @@ def test_s4_is_hippo_initialised_and_stable():
     np.testing.assert_allclose(Lambda.imag, Lambda0.imag, rtol=1e-6, atol=1e-5)
     np.testing.assert_allclose(P, P0, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(B, B0, rtol=1e-6, atol=1e-6)
-    assert C.shape == (H, N // 2) and step.shape == (H,)
+    assert C.shape == (H, N // 2) and dt.shape == (H,)
     with pytest.raises(ValueError, match="N must be even"):
         S4Layer(H, 7, L, rngs=nnx.Rngs(0))
 
@@ -251,9 +251,9 @@ def test_O_N_step_equals_dense_step_float64():
         assert layer.cache[...].dtype == jnp.complex128
         y_fast = jnp.stack([layer.step(u[:, k]) for k in range(L)], axis=1)
         # the dense step: Ab (H, N, N) over all N modes, unfolded from the N/2 stored ones
-        Lambda, P, B, C, step = layer.ssm_params()
+        Lambda, P, B, C, dt = layer.ssm_params()
         Ab, Bb, Cb = jax.vmap(lambda C, s: discrete_DPLR(*unfold_conj(Lambda, P, P, B, C), s, L))(
-            C, step)
+            C, dt)
         x = jnp.zeros((2, H, N), complex)
         ys = []
         for k in range(L):
@@ -297,8 +297,8 @@ def test_s4d_kernel_is_the_reference_formula(learn_B):
     layer = S4DLayer(4, 16, rngs=nnx.Rngs(0), learn_B=learn_B)
     if learn_B:  # a B that is not 1, so that B_bar's factor B is tested
         layer.B[...] = jax.random.normal(jax.random.PRNGKey(1), layer.B[...].shape)
-    Lambda, B, C, step = layer.ssm_params()
-    ref = jax.vmap(kernel_diagonal, in_axes=(0, 0, 0, 0, None))(Lambda, B, 2 * C, step, 300)
+    Lambda, B, C, dt = layer.ssm_params()
+    ref = jax.vmap(kernel_diagonal, in_axes=(0, 0, 0, 0, None))(Lambda, B, 2 * C, dt, 300)
     assert jnp.allclose(layer.kernel(300), ref, atol=1e-5 * float(jnp.abs(ref).max()))
     assert (layer.B is None) == (not learn_B)
 

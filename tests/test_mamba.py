@@ -155,12 +155,12 @@ def test_initialisation_is_the_official_one():
     np.testing.assert_allclose(block.A(), -np.broadcast_to(np.arange(1, N + 1), (E, N)),
                                rtol=1e-6)
     np.testing.assert_array_equal(block.D[...], np.ones(E))
-    step = jax.nn.softplus(block.dt_bias[...])  # the initial Δ, with a zero input
-    assert float(step.min()) >= 0.002 * (1 - 1e-5) and float(step.max()) <= 0.05 * (1 + 1e-5)
-    assert np.log(float(step.max()) / float(step.min())) > 0.8 * np.log(0.05 / 0.002)
+    dt = jax.nn.softplus(block.dt_bias[...])  # the initial Δ, with a zero input
+    assert float(dt.min()) >= 0.002 * (1 - 1e-5) and float(dt.max()) <= 0.05 * (1 + 1e-5)
+    assert np.log(float(dt.max()) / float(dt.min())) > 0.8 * np.log(0.05 / 0.002)
     assert float(jnp.abs(block.dt_proj.kernel[...]).max()) <= R ** -0.5
     assert float(jnp.abs(block.conv_w[...]).max()) <= block.W ** -0.5
-    # the floor: steps below dt_floor start at dt_floor
+    # the floor: step sizes below dt_floor start at dt_floor
     low = MambaBlock(8, rngs=nnx.Rngs(0), dt_min=1e-6, dt_max=1e-5, dt_floor=1e-4)
     np.testing.assert_allclose(jax.nn.softplus(low.dt_bias[...]), 1e-4, rtol=1e-4)
 

@@ -102,7 +102,7 @@ def _replay(name, n_steps):
     # The optimiser's schedule spans the run's steps; fit stops after n_steps.
     optimizer = registry.build_optimizer(config, model)
     with jax.default_matmul_precision("float32"):   # as the CPU that recorded it multiplied
-        history = train.fit(model, data.x_train, data.y_train, steps=n_steps,
+        history = train.fit(model, data, steps=n_steps,
                             batch_size=config.batch_size, seed=config.seed, log=None,
                             optimizer=optimizer)
     return history["train_loss"], recorded["history"]["train_loss"][:n_steps]

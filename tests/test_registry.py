@@ -61,8 +61,8 @@ def test_the_initial_step_range_is_an_option(tmp_path):
     # programs are compiled once (the step range changes values, not programs)
     args = registry.parse(_one_step("ssm", "digits", ["--dt-min", "1e-4", "--dt-max", "1e-3"]))
     model = runner.run(args, log=None)["model"]
-    steps = np.exp(np.asarray(model.layers[0].seq.log_step[...]))
-    assert np.all((steps >= 1e-4 * 0.99) & (steps <= 1e-3 * 1.01))
+    dt = np.exp(np.asarray(model.layers[0].seq.log_dt[...]))
+    assert np.all((dt >= 1e-4 * 0.99) & (dt <= 1e-3 * 1.01))
     with pytest.raises(ValueError, match="--dt-max"):
         runner.run(_args(["--steps", "1", "--dt-min", "0.1", "--dt-max", "0.01"]), log=None)
     with pytest.raises(ValueError, match="--dt-min"):

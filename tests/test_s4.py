@@ -77,17 +77,17 @@ def test_kernel_DPLR_matches_dense(N, L):
 def test_kernel_DPLR_matches_hippo_in_original_basis():
     # The real HiPPO SSM (A, B, C) and its DPLR form give the same kernel.
     with enable_x64():
-        N, L, step = 16, 128, 0.01
+        N, L, dt = 16, 128, 0.01
         A, _, B0 = make_NPLR_HiPPO(N)
         C0 = np.random.RandomState(2).randn(N)
-        Ab, Bb, Cb = discretize(jnp.asarray(A), jnp.asarray(B0)[:, None], jnp.asarray(C0)[None, :], step)
-        assert all(jnp.array_equal(x, y) for x, y in zip((Ab, Bb, Cb), hippo_ssm(N, C0, step)))
+        Ab, Bb, Cb = discretize(jnp.asarray(A), jnp.asarray(B0)[:, None], jnp.asarray(C0)[None, :], dt)
+        assert all(jnp.array_equal(x, y) for x, y in zip((Ab, Bb, Cb), hippo_ssm(N, C0, dt)))
         dense = K_conv(Ab, Bb, Cb, L)
         Lambda, P, B, V = make_DPLR_HiPPO(N)
         # C in the eigenbasis is C0 V; C~ = C (I - Ab^L); the kernel uses conj(C~).
         AbV = V.conj().T @ np.asarray(Ab) @ V
         Ct = ((C0 @ V) @ (np.eye(N) - np.linalg.matrix_power(AbV, L))).conj()
-        fast = kernel_DPLR(Lambda, P, P, B, Ct, step, L)
+        fast = kernel_DPLR(Lambda, P, P, B, Ct, dt, L)
         assert _rel(fast, dense) < 1e-8
 
 
@@ -145,31 +145,31 @@ def test_conjugate_pairs_give_the_full_kernel(L):
 def test_dplr_step_equals_dense_step(conj):
     """The O(N) step (A0 then Woodbury A1) == the dense Ab = A1 @ A0 step, float64."""
     with enable_x64():
-        N, L, step = 16, 64, 0.05
+        N, L, dt = 16, 64, 0.05
         Lambda, P, B, _ = make_DPLR_HiPPO(N, conj=conj)
         rng = np.random.RandomState(6)
         C = rng.randn(Lambda.shape[0]) + 1j * rng.randn(Lambda.shape[0])
         full = unfold_conj(Lambda, P, B, C) if conj else (Lambda, P, B, C)
         Lf, Pf, Bf, Cf = full
-        Ab, Bb, Cb = discrete_DPLR(Lf, Pf, Pf, Bf, Cf, step, L)
+        Ab, Bb, Cb = discrete_DPLR(Lf, Pf, Pf, Bf, Cf, dt, L)
         A = np.diag(Lf) - np.outer(Pf, Pf.conj())
         x = rng.randn(Lf.shape[0]) + 1j * rng.randn(Lf.shape[0])
         if conj:
             x[N // 2:] = x[:N // 2].conj()
         half = slice(0, Lambda.shape[0])
-        A0x = dplr_A0(x[half], Lambda, P, P, step, conj)
-        assert np.allclose(A0x, ((2 / step) * np.eye(N) + A)[half] @ x, rtol=1e-12)
+        A0x = dplr_A0(x[half], Lambda, P, P, dt, conj)
+        assert np.allclose(A0x, ((2 / dt) * np.eye(N) + A)[half] @ x, rtol=1e-12)
         y = np.asarray(A0x if not conj else unfold_conj(A0x))
-        A1y = dplr_A1(y[half], Lambda, P, P, step, conj)
-        assert np.allclose(A1y, np.linalg.solve((2 / step) * np.eye(N) - A, y)[half], rtol=1e-10)
-        Bb2, Cb2 = dplr_rnn(Lambda, P, P, B, C, step, L, conj)
+        A1y = dplr_A1(y[half], Lambda, P, P, dt, conj)
+        assert np.allclose(A1y, np.linalg.solve((2 / dt) * np.eye(N) - A, y)[half], rtol=1e-10)
+        Bb2, Cb2 = dplr_rnn(Lambda, P, P, B, C, dt, L, conj)
         assert np.allclose(Bb2, Bb[half, 0], rtol=1e-12)
         assert np.allclose(Cb2, Cb[0, half], rtol=1e-12)
         u = rng.randn(L)
         xd, xs, err = np.zeros(N, complex), jnp.zeros(Lambda.shape[0], complex), 0.0
         for k in range(L):
             xd = np.asarray(Ab) @ xd + np.asarray(Bb)[:, 0] * u[k]
-            xs = dplr_step(xs, jnp.asarray(u[k]), Lambda, P, P, Bb2, step, conj)
+            xs = dplr_step(xs, jnp.asarray(u[k]), Lambda, P, P, Bb2, dt, conj)
             yd = (np.asarray(Cb)[0] @ xd).real
             ys = (2.0 * (Cb2 @ xs).real) if conj else (Cb2 @ xs).real
             err = max(err, abs(float(ys) - yd) / max(abs(yd), 1e-300))
@@ -216,7 +216,7 @@ def test_errors():
     Lambda, P, B, _ = make_DPLR_HiPPO(4)
     with pytest.raises(ValueError, match="C"):
         kernel_DPLR(Lambda, P, P, B, np.ones(3), 0.1, 8)
-    with pytest.raises(ValueError, match="step"):
+    with pytest.raises(ValueError, match="dt"):
         kernel_DPLR(Lambda, P, P, B, np.ones(4), -0.1, 8)
     with pytest.raises(TypeError, match="L"):
         discrete_DPLR(Lambda, P, P, B, np.ones(4), 0.1, 8.0)
@@ -230,22 +230,22 @@ def test_diagonal_and_generating_function_errors():
     lam, b = s4d_lin_init(4), np.ones(2)
     with pytest.raises(ValueError, match="Lambda and B"):
         discretize_diagonal(lam, np.ones(3), 0.1)
-    with pytest.raises(ValueError, match="step must be positive"):
+    with pytest.raises(ValueError, match="dt must be positive"):
         discretize_diagonal(lam, b, 0.0)
-    with pytest.raises(TypeError, match="step"):
+    with pytest.raises(TypeError, match="dt"):
         discretize_diagonal(lam, b, 1j)
     with pytest.raises(ValueError, match="broadcast"):
         discretize_diagonal(lam, b, np.full((3, 1), 0.1))
-    # the per-channel form used by S4DLayer: (H, N/2) with step (H, 1)
+    # the per-channel form used by S4DLayer: (H, N/2) with dt (H, 1)
     Lb, Bb = discretize_diagonal(np.stack([lam, lam]), np.ones((2, 2)), np.array([[0.1], [0.2]]))
     assert Lb.shape == Bb.shape == (2, 2)
     with pytest.raises(TypeError, match="L"):
         kernel_diagonal(lam, b, b, 0.1, 8.0)
     with pytest.raises(ValueError, match="L"):
         kernel_diagonal(lam, b, b, 0.1, 0)
-    with pytest.raises(ValueError, match="step must be positive"):
+    with pytest.raises(ValueError, match="dt must be positive"):
         kernel_diagonal(lam, b, b, -0.1, 8)
-    with pytest.raises(ValueError, match="step must be a scalar"):
+    with pytest.raises(ValueError, match="dt must be a scalar"):
         kernel_diagonal(lam, b, b, np.array([0.1, 0.2]), 8)
     with pytest.raises(TypeError, match="gen"):
         conv_from_gen(np.ones(8), 8)
@@ -257,12 +257,12 @@ def test_vandermonde_equals_reference_kernel_float64():
         rng = np.random.default_rng(0)
         Lambda = jnp.asarray(-np.exp(rng.normal(size=(H, N)) - 1) + 1j * np.pi * np.arange(N))
         C = jnp.asarray(rng.normal(size=(H, N)) + 1j * rng.normal(size=(H, N)))
-        step = jnp.asarray(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), H)))
-        _, B_bar = discretize_diagonal(Lambda, jnp.ones_like(Lambda), step[:, None])
+        dt = jnp.asarray(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), H)))
+        _, B_bar = discretize_diagonal(Lambda, jnp.ones_like(Lambda), dt[:, None])
         for L in (1, 2, 7, 64, 1000, 4099):
             ref = jax.vmap(kernel_diagonal, in_axes=(0, 0, 0, 0, None))(
-                Lambda, jnp.ones_like(Lambda), 2 * C, step, L)
-            fast = vandermonde(2 * C * B_bar, step[:, None] * Lambda, L)
+                Lambda, jnp.ones_like(Lambda), 2 * C, dt, L)
+            fast = vandermonde(2 * C * B_bar, dt[:, None] * Lambda, L)
             assert fast.dtype == jnp.float64 and fast.shape == (H, L)
             rel = float(jnp.abs(fast - ref).max() / jnp.abs(ref).max())
             assert rel < 1e-10, (L, rel)

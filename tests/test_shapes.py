@@ -20,6 +20,7 @@ from flax import nnx
 from jaxtyping import TypeCheckError, jaxtyped
 
 from annotated_s4 import catalog
+from annotated_s4.decoders import CacheDecoder, FFTDecoder, SSMDecoder
 from annotated_s4.h3 import ShiftSSM
 from annotated_s4.layers import SSMLayer
 from annotated_s4.longconv import ToeplitzLayer
@@ -75,13 +76,13 @@ def test_discretize_scan_K_conv():
 
 def test_discretize_diagonal():
     Lambda = -0.5 + 1j * np.arange(1, N + 1)
-    for shape, step in [((N,), 0.1), ((3, N), np.full((3, 1), 0.1))]:
+    for shape, dt in [((N,), 0.1), ((3, N), np.full((3, 1), 0.1))]:
         out = shape_of(discretize_diagonal, np.broadcast_to(Lambda, shape), np.ones(shape),
-                       step=step)
+                       dt=dt)
         assert out == (shape, shape)
     with pytest.raises(TypeCheckError):  # B with N - 1 modes
         checked(discretize_diagonal)(Lambda, np.ones(N - 1), 0.1)
-    with pytest.raises(TypeCheckError):  # a step for 2 channels, Lambda of 3
+    with pytest.raises(TypeCheckError):  # a dt for 2 channels, Lambda of 3
         checked(discretize_diagonal)(np.ones((3, N)), np.ones((3, N)), np.ones((2, 1)))
 
 
@@ -101,7 +102,7 @@ def test_cauchy_and_kernel_DPLR():
         checked(cauchy)(np.ones((2, N + 1)), omega, lambd)
     v = np.ones(N, complex)
     for conj in (False, True):
-        assert shape_of(kernel_DPLR, lambd, v, v, v, v, step=0.1, L=L, conj=conj) == (L,)
+        assert shape_of(kernel_DPLR, lambd, v, v, v, v, dt=0.1, L=L, conj=conj) == (L,)
     with pytest.raises(TypeCheckError):  # P of N - 1
         checked(kernel_DPLR)(lambd, v[1:], v, v, v, 0.1, L)
 
@@ -204,3 +205,22 @@ def test_models():
         step(lm, tokens)
     with pytest.raises(TypeCheckError):  # one position given to the block's __call__
         block(lm.layers[0], jnp.ones((BATCH, H)))
+
+
+def test_decoders():
+    """The decoders of `decoders`: one token of d channels per step, a whole
+    (L, d) sequence per decode, and the cache a step returns has the shapes
+    of the cache it was given."""
+    n, d = 6, 3
+    t = rng.standard_normal((n, d))
+    for dec in (FFTDecoder(t), CacheDecoder(t), SSMDecoder(*etsc(t))):
+        step, decode = checked(type(dec).step), checked(type(dec).decode)
+        cache = dec.empty_cache()
+        new, y_t = step(dec, cache, jnp.ones(d))
+        assert y_t.shape == (d,)
+        assert jax.tree.map(jnp.shape, new) == jax.tree.map(jnp.shape, cache)
+        assert decode(dec, jnp.ones((n, d))).shape == (n, d)
+        with pytest.raises(TypeCheckError):  # a batch of tokens, not one
+            step(dec, cache, jnp.ones((2, d)))
+    one = CacheDecoder(t[:, 0])          # one channel: a 1-D sequence is accepted
+    assert checked(CacheDecoder.decode)(one, jnp.ones(n)).shape == (n, 1)

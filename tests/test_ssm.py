@@ -34,27 +34,27 @@ def test_random_SSM_bad_N(N):
 @jax.default_matmul_precision("float32")   # a float32 claim
 def test_discretize_matches_formula():
     A, B, C = stable_ssm(4)
-    step = 0.05
-    Ab, Bb, Cb = discretize(A, B, C, step)
+    dt = 0.05
+    Ab, Bb, Cb = discretize(A, B, C, dt)
     I = np.eye(4)
-    inv = np.linalg.inv(I - step / 2 * np.asarray(A))
-    np.testing.assert_allclose(Ab, inv @ (I + step / 2 * np.asarray(A)), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(Bb, inv @ (step * np.asarray(B)), rtol=1e-5, atol=1e-6)
+    inv = np.linalg.inv(I - dt / 2 * np.asarray(A))
+    np.testing.assert_allclose(Ab, inv @ (I + dt / 2 * np.asarray(A)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(Bb, inv @ (dt * np.asarray(B)), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(Cb, C)
 
 
 def test_discretize_scalar_is_pade_of_exp():
     with jax.enable_x64(True):
-        a, step = 2.0, 1e-2
-        Ab, _, _ = discretize(jnp.array([[-a]]), jnp.array([[1.0]]), jnp.array([[1.0]]), step)
-        assert abs(float(Ab[0, 0]) - np.exp(-a * step)) == pytest.approx((a * step) ** 3 / 12, rel=0.05)
+        a, dt = 2.0, 1e-2
+        Ab, _, _ = discretize(jnp.array([[-a]]), jnp.array([[1.0]]), jnp.array([[1.0]]), dt)
+        assert abs(float(Ab[0, 0]) - np.exp(-a * dt)) == pytest.approx((a * dt) ** 3 / 12, rel=0.05)
 
 
 @jax.default_matmul_precision("float32")   # a float32 claim
 def test_discretize_keeps_stability():
     A, B, C = stable_ssm(6)
-    for step in [1e-3, 1.0, 1e3]:
-        Ab, _, _ = discretize(A, B, C, step)
+    for dt in [1e-3, 1.0, 1e3]:
+        Ab, _, _ = discretize(A, B, C, dt)
         assert float(jnp.max(jnp.abs(jnp.linalg.eigvals(Ab)))) < 1.0
 
 
@@ -62,11 +62,11 @@ def test_discretize_keeps_stability():
     dict(A=jnp.ones((3, 4))),
     dict(B=jnp.ones((4, 2))),
     dict(C=jnp.ones((4, 1))),
-    dict(step=0.0),
-    dict(step=-1.0),
+    dict(dt=0.0),
+    dict(dt=-1.0),
 ])
 def test_discretize_bad_input(bad):
-    args = dict(A=jnp.eye(4), B=jnp.ones((4, 1)), C=jnp.ones((1, 4)), step=0.1)
+    args = dict(A=jnp.eye(4), B=jnp.ones((4, 1)), C=jnp.ones((1, 4)), dt=0.1)
     args.update(bad)
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):
@@ -182,9 +182,9 @@ def test_example_ssm_converges_to_ode():
     smooth = lambda t: 0.0 * t + 1.0  # a constant push: the solution is smooth  # noqa: E731
     errors = []
     for L in [100, 400]:
-        step = 2.0 / L
-        t = np.arange(1, L + 1) * step
-        Ab, Bb, Cb = discretize(A, B, C, step)
+        dt = 2.0 / L
+        t = np.arange(1, L + 1) * dt
+        Ab, Bb, Cb = discretize(A, B, C, dt)
         _, y = scan_SSM(Ab, Bb, Cb, jnp.ones((L, 1)), jnp.zeros(2))
         ref = solve_ivp(lambda s, x: A @ x + B[:, 0] * smooth(s), (0, 2.0), np.zeros(2),
                         t_eval=t, rtol=1e-10, atol=1e-12).y[0]
@@ -273,10 +273,10 @@ def test_batched_convolution_matches_single():
 
 
 def test_memory_ratio_of_one_mode_is_its_power():
-    a, step = -0.5 + 3j, 0.01
-    ab = (1 + step * a / 2) / (1 - step * a / 2)  # the bilinear Ab of a 1 x 1 system
+    a, dt = -0.5 + 3j, 0.01
+    ab = (1 + dt * a / 2) / (1 - dt * a / 2)  # the bilinear Ab of a 1 x 1 system
     lengths = [1, 2, 64, 1000]
-    got = memory_ratio(np.array([[a]]), np.array([[2.0]]), step, lengths)
+    got = memory_ratio(np.array([[a]]), np.array([[2.0]]), dt, lengths)
     np.testing.assert_allclose(got, [abs(ab) ** (2 * (L - 1)) for L in lengths], rtol=1e-12)
 
 
@@ -302,7 +302,7 @@ def test_memory_ratio_below_float32():
 def test_memory_ratio_bad_arguments():
     with pytest.raises(ValueError, match="B"):
         memory_ratio(np.eye(3), np.ones((2, 1)), 0.1, [4])
-    with pytest.raises(ValueError, match="step"):
+    with pytest.raises(ValueError, match="dt"):
         memory_ratio(np.eye(3), np.ones((3, 1)), 0.0, [4])
     with pytest.raises(ValueError, match="L"):
         memory_ratio(np.eye(3), np.ones((3, 1)), 0.1, [0])

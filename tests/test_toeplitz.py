@@ -69,12 +69,12 @@ def test_general_lambda_path_and_real_diagonal_ssm_recovered():
     Lambda = -0.1 + 1j * jnp.pi * jnp.arange(N)
     B = jnp.ones(N, jnp.complex64)
     C = jax.random.normal(jax.random.PRNGKey(3), (N, 2)) @ jnp.array([1, 1j])
-    step = 0.01
-    K = kernel_diagonal(Lambda, B, C, step, L)
+    dt = 0.01
+    K = kernel_diagonal(Lambda, B, C, dt, L)
     lambd, b = etsc(K)
     assert rel(ssm_to_toeplitz(lambd, b, L), K) <= 1e-5
     # general path: the SSM's own (lambda, b) in discrete form
-    lam_bar = jnp.exp(Lambda * step)
+    lam_bar = jnp.exp(Lambda * dt)
     b_bar = C * (lam_bar - 1) / Lambda * B
     assert rel(ssm_to_toeplitz(lam_bar, b_bar, L), K) <= 1e-4
 
@@ -175,9 +175,9 @@ def test_decoders_reject_inputs_longer_than_the_kernel(make):
     with pytest.raises(ValueError, match="time steps"):
         dec.decode(jnp.ones((17, 2)))
     with pytest.raises(ValueError, match="x_t must have shape"):
-        dec.step(dec.init(), jnp.ones((3,)))
+        dec.step(dec.empty_cache(), jnp.ones((3,)))
     with pytest.raises(ValueError, match="x_t must have shape"):
-        dec.step(dec.init(), jnp.ones((1, 2)))
+        dec.step(dec.empty_cache(), jnp.ones((1, 2)))
 
 
 def test_checked_entry_points_work_under_jit():

@@ -19,6 +19,7 @@ from annotated_s4 import registry, runner, train
 from annotated_s4 import S4DLayer, SSMLayer, StackedModel
 from annotated_s4.catalog import SSMParam
 from annotated_s4.config import RunConfig
+from annotated_s4.datasets import Dataset
 from annotated_s4.longconv import ToeplitzLayer
 
 TINY = ["--dataset", "digits", "--layer", "ssm", "--n-layers", "1", "--d-model", "8",
@@ -33,8 +34,8 @@ def test_fit_learns_digits():
     d = annotated_s4.data.load_digits_sequences(side=8)
     model = StackedModel(functools.partial(S4DLayer, N=8, L=64), 10, 16, 1,
                          rngs=nnx.Rngs(0))
-    h = train.fit(model, d["x_train"], d["y_train"], d["x_test"], d["y_test"],
-                  steps=60, batch_size=32, lr=1e-2, log=None)
+    h = train.fit(model, Dataset.from_splits("classify", d, 10), steps=60, batch_size=32,
+                  lr=1e-2, log=None)
     assert len(h["train_loss"]) == 60
     assert np.mean(h["train_loss"][-10:]) < np.mean(h["train_loss"][:10]) - 0.2
     assert h["eval"][-1]["accuracy"] > 0.15  # chance is 0.1; 60 steps is a short run
@@ -147,31 +148,31 @@ def test_constant_schedule_keeps_the_peak_after_the_warm_up():
 
 
 def test_ssm_params_get_their_own_rate_and_no_decay():
-    """S4's recipe: with ssm_lr, log_step and Lambda/P/B move at ssm_lr and are
+    """S4's recipe: with ssm_lr, log_dt and Lambda/P/B move at ssm_lr and are
     not decayed; the read-out C moves at lr."""
     model = StackedModel(functools.partial(S4DLayer, N=4, L=8), 3, 4, 1, rngs=nnx.Rngs(0))
     seq = model.layers[0].seq
-    before = {k: np.array(getattr(seq, k)[...]) for k in ("log_step", "C")}
+    before = {k: np.array(getattr(seq, k)[...]) for k in ("log_dt", "C")}
     opt = train.make_optimizer(model, lr=1e-1, weight_decay=0.0, steps=10, ssm_lr=1e-4)
     x, y = np.random.default_rng(0).normal(size=(4, 8, 1)).astype(np.float32), np.arange(4) % 3
     train.train_step(model, opt, x, y)
     # Adam's first step moves every parameter by about its learning rate.
-    assert np.abs(seq.log_step[...] - before["log_step"]).max() < 2e-4
+    assert np.abs(seq.log_dt[...] - before["log_dt"]).max() < 2e-4
     assert np.abs(seq.C[...] - before["C"]).max() > 1e-2
     # No gradient, no decay: with weight decay, only the non-SSM parameters shrink.
     # (The updates are compiled as one program each, as in a train step: eagerly,
     # each of their many small operations would be compiled on its own.)
     update = nnx.jit(lambda opt, model, grads: opt.update(model, grads))
     opt = train.make_optimizer(model, lr=1e-1, weight_decay=1.0, steps=10, ssm_lr=1e-1)
-    before = np.array(seq.log_step[...])
+    before = np.array(seq.log_dt[...])
     grads = jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
     update(opt, model, grads)
-    np.testing.assert_array_equal(seq.log_step[...], before)
+    np.testing.assert_array_equal(seq.log_dt[...], before)
     # With ssm_weight_decay, the same zero-gradient step shrinks them by lr * decay.
     opt = train.make_optimizer(model, lr=1e-1, weight_decay=0.0, steps=10, ssm_lr=1e-1,
                                ssm_weight_decay=0.5)
     update(opt, model, grads)
-    np.testing.assert_allclose(seq.log_step[...], before * (1 - 1e-1 * 0.5), rtol=1e-6)
+    np.testing.assert_allclose(seq.log_dt[...], before * (1 - 1e-1 * 0.5), rtol=1e-6)
     with pytest.raises(ValueError, match="--ssm-weight-decay"):
         runner.run(_args(["--steps", "1", "--ssm-lr", "0", "--ssm-weight-decay", "0.1"]),
                    log=None)
@@ -193,8 +194,8 @@ def _layer_cases():
 def test_optimizer_groups_are_the_state_space_parameters(name):
     """The 'ssm' group holds exactly the parameters that the layers declare
     `catalog.SSMParam`, the 'rest' group every other one; and a layer that
-    draws SSM steps (its options have --dt-min) has state-space parameters."""
-    layer, draws_steps = _layer_cases()[name]
+    draws SSM step sizes (its options have --dt-min) has state-space parameters."""
+    layer, draws_dt = _layer_cases()[name]
     model = StackedModel(layer, 5, 8, 2, rngs=nnx.Rngs(0), vocab_size=5, classification=False)
     params = nnx.state(model, nnx.Param)
     groups = dict(jax.tree_util.tree_flatten_with_path(train._param_groups(model)(params))[0])
@@ -202,7 +203,7 @@ def test_optimizer_groups_are_the_state_space_parameters(name):
                 jax.tree_util.tree_flatten_with_path(nnx.state(model, SSMParam))[0]}
     assert {path for path, g in groups.items() if g == "ssm"} == declared
     assert len(groups) == len(jax.tree_util.tree_leaves(params))
-    assert bool(declared) == draws_steps
+    assert bool(declared) == draws_dt
 
 
 @pytest.mark.parametrize("rates, named", [({"lr": 1e-2}, "lr"),
@@ -215,5 +216,15 @@ def test_fit_refuses_rates_beside_an_optimizer_that_has_its_own(rates, named):
                          n_layers=1, rngs=nnx.Rngs(0))
     optimizer = train.make_optimizer(model, lr=1e-2, steps=1)
     x, y = np.zeros((4, 8, 1), np.float32), np.zeros(4, np.int32)
+    data = Dataset("classify", x, x, 2, y, y)
     with pytest.raises(ValueError, match=f"^{named}: fit trains with the optimizer passed in"):
-        train.fit(model, x, y, steps=1, batch_size=4, log=None, optimizer=optimizer, **rates)
+        train.fit(model, data, steps=1, batch_size=4, log=None, optimizer=optimizer, **rates)
+
+
+def test_fit_refuses_arrays_in_place_of_a_dataset():
+    """Arrays in place of the dataset: the error names what fit takes."""
+    model = StackedModel(functools.partial(SSMLayer, N=4, L=8), d_output=2, d_model=4,
+                         n_layers=1, rngs=nnx.Rngs(0))
+    x = np.zeros((4, 8, 1), np.float32)
+    with pytest.raises(TypeError, match="^data must be a datasets.Dataset"):
+        train.fit(model, x, steps=1, batch_size=4, log=None)
