@@ -9,6 +9,9 @@ call before the function's own checks see it. Tiny shapes, eager calls.
 """
 
 import functools
+import importlib
+import inspect
+import pkgutil
 import typing
 
 import jax
@@ -19,6 +22,7 @@ from beartype import beartype
 from flax import nnx
 from jaxtyping import TypeCheckError, jaxtyped
 
+import annotated_s4
 from annotated_s4 import catalog
 from annotated_s4.decoders import CacheDecoder, FFTDecoder, SSMDecoder
 from annotated_s4.h3 import ShiftSSM
@@ -116,11 +120,18 @@ def test_etsc():
 
 
 def _layer_classes():
-    """Every class that defines a sequence layer's __call__ or step."""
-    from annotated_s4 import attention, gru, h3, layers, longconv, mamba, mamba2
-    return [layers.SSMLayer, layers.S4Layer, layers.S4DLayer, h3.ShiftSSM, h3.H3Layer,
-            attention.CausalSelfAttention, mamba.MambaBlock, mamba2.Mamba2Block, gru.GRULayer,
-            longconv._LongConvolution, longconv.ETSCLayer]
+    """Every class of the package that defines a sequence layer's __call__ or
+    step (a class with `init_cache`, outside `models`), found by walking the
+    package's modules: a new layer module needs no entry here."""
+    classes = []
+    for info in pkgutil.iter_modules(annotated_s4.__path__):
+        if info.name.startswith("__") or info.name == "models":
+            continue
+        module = importlib.import_module(f"annotated_s4.{info.name}")
+        classes += [cls for _, cls in inspect.getmembers(module, inspect.isclass)
+                    if cls.__module__ == module.__name__ and hasattr(cls, "init_cache")
+                    and {"__call__", "step"} & set(vars(cls))]
+    return classes
 
 
 H, BATCH = 8, 2  # every registered layer's default heads divide H
@@ -169,10 +180,13 @@ def test_layer_call_and_step(name):
 
 
 def test_every_layer_class_is_tested():
-    """Each class with an annotated __call__ or step has an instance above."""
+    """Each class with an annotated __call__ or step has an instance above,
+    and the search for those classes finds the class of every instance."""
     made = {type(_abstract(name)) for name in LAYERS}
-    for cls in _layer_classes():
+    classes = _layer_classes()
+    for cls in classes:
         assert any(issubclass(m, cls) for m in made), cls.__name__
+    assert all(any(issubclass(m, cls) for cls in classes) for m in made)
 
 
 def test_models():
