@@ -283,9 +283,13 @@ def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_wind
     on its held-out windows, at float32 matmul precision, as `compare_arms`
     needs it: the run (config, history, recorded metrics, the loaded `model`),
     the recomputed metrics, `window_bits` (n_test,), each held-out window's mean
-    loss in bits per token, and `train_bits`, the mean loss in bits per token
-    on its first `train_windows` training windows in eval mode (no dropout), to
-    set beside the held-out loss. Raises ValueError if the recomputed metrics
+    loss in bits per token, `token_bits` (n_test, tokens), the loss in bits of
+    each token of each held-out window (token i of window w is
+    `test_tokens[w, i]`, predicted from `test_tokens[w, :i]`: the model shifts
+    its input right, a start token first), `test_tokens`, those windows, and
+    `train_bits`, the mean loss in bits per token on its first `train_windows`
+    training windows in eval mode (no dropout), to set beside the held-out
+    loss. Raises ValueError if the recomputed metrics
     differ from the recorded ones by more than float32 rounding explains
     (naming the command that re-makes the run), or if the run's seed or corpus
     is not `seed` / `corpus_sha256` (when given).
@@ -312,6 +316,7 @@ def reevaluate_language_model(name, *, seed=None, corpus_sha256=None, train_wind
     train = kept_items(directory, model, data.x_train[:train_windows], batch_size=batch)
     bits = 1 / np.log(2)
     return {**run, "model": model, "recomputed": metrics, "window_bits": nll.mean(1) * bits,
+            "token_bits": nll * bits, "test_tokens": np.asarray(data.x_test),
             "train_bits": float(np.asarray(train["nll"], np.float64).mean() * bits)}
 
 

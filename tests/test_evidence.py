@@ -249,6 +249,18 @@ def test_a_reference_language_model_is_scored_again_window_by_window():
     assert 0 < scored["train_bits"] < 8
 
 
+def test_a_reference_language_models_token_losses_line_up_with_its_windows():
+    """token_bits holds each held-out token's loss: (windows, tokens), the
+    windows' tokens beside it, each row averaging to its window's loss; token i
+    is x[i] predicted from x[:i], so the first token of a window, predicted from
+    the start token alone, costs more than the others on average."""
+    scored = evidence.reevaluate_language_model("tnn-charlm", seed=0, train_windows=16)
+    bits, x = scored["token_bits"], scored["test_tokens"]
+    assert bits.shape == x.shape == (512, scored["config"]["seq_len"])
+    np.testing.assert_allclose(bits.mean(1), scored["window_bits"], rtol=1e-12)
+    assert (bits >= 0).all() and bits[:, 0].mean() > bits[:, 1:].mean() + 1
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"seed": 1}, "seed 0, not 1"),
     ({"corpus_sha256": "0" * 64}, "another corpus"),
