@@ -26,7 +26,8 @@ from .models import eval_mode
 
 __all__ = [
     "item_losses", "loss_fn", "fill_batch", "lr_schedule", "make_optimizer", "train_step", "evaluate",
-    "make_mesh", "shard_batch", "replicate", "batch_indices", "fit", "seconds_per_step",
+    "make_mesh", "shard_batch", "replicate", "shard_params", "batch_indices", "fit",
+    "seconds_per_step",
 ]
 
 
@@ -171,7 +172,8 @@ def evaluate(model, x, y=None, batch_size=256, mesh=None):
 
 # ---------------------------------------------------------------------------
 # Data parallelism: a 1-D device mesh. Each batch is split along its first
-# axis over the devices and the model is replicated; `jax.jit` (inside
+# axis over the devices and the model is replicated (or, with `shard_params`,
+# split as well: FSDP); `jax.jit` (inside
 # nnx.jit) then runs the same program on every device and inserts the
 # all-reduce of the gradients itself (the mean over the batch becomes a
 # cross-device sum).
@@ -205,6 +207,31 @@ def replicate(mesh, *nodes):
     """Copy the state of NNX objects (model, optimizer) onto every device."""
     state = nnx.state(nodes)
     nnx.update(nodes, jax.device_put(state, NamedSharding(mesh, PartitionSpec())))
+
+
+def shard_params(mesh, *nodes):
+    """Fully sharded data parallelism (FSDP): split every array of the state of
+    NNX objects (model, optimizer) over the mesh's devices, in `replicate`'s
+    place, so that each of n devices holds about 1/n of it.
+
+    Each array is split along its largest axis that the number of devices
+    divides; one with no such axis (a scalar such as a step count, a short
+    bias) is replicated. The step needs no change: under `jit`, XLA's
+    partitioner inserts the collectives itself, gathering a split parameter
+    where a computation needs it whole and summing the gradients over the
+    devices, and each device updates only its own slice.
+    """
+    n = mesh.devices.size
+
+    def sharding(x):
+        axes = [a for a in range(x.ndim) if x.shape[a] % n == 0]
+        if not axes:
+            return NamedSharding(mesh, PartitionSpec())
+        axis = max(axes, key=lambda a: x.shape[a])  # the first of the largest
+        return NamedSharding(mesh, PartitionSpec(*[None] * axis, "data"))
+
+    state = nnx.state(nodes)
+    nnx.update(nodes, jax.device_put(state, jax.tree.map(sharding, state)))
 
 
 def batch_indices(seed, step, n, batch_size):

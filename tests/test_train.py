@@ -228,3 +228,68 @@ def test_fit_refuses_arrays_in_place_of_a_dataset():
     x = np.zeros((4, 8, 1), np.float32)
     with pytest.raises(TypeError, match="^data must be a datasets.Dataset"):
         train.fit(model, x, steps=1, batch_size=4, log=None)
+
+
+_FSDP = r"""
+import functools, json
+import jax, numpy as np
+from flax import nnx
+from annotated_s4 import S4DLayer, StackedModel, train
+assert len(jax.devices()) == 4, jax.devices()
+mesh = train.make_mesh()
+rng = np.random.default_rng(0)
+xs = rng.normal(size=(3, 8, 16, 1)).astype(np.float32)   # three batches of 8
+ys = rng.integers(0, 3, size=(3, 8))
+out = {}
+for place in (train.replicate, train.shard_params):
+    model = StackedModel(functools.partial(S4DLayer, N=8, L=16), 3, 8, 1, rngs=nnx.Rngs(0),
+                         dropout=0.1)
+    optimizer = train.make_optimizer(model, lr=1e-2, steps=3)
+    place(mesh, model, optimizer)
+    with jax.default_matmul_precision("float32"):
+        loss = [float(train.train_step(model, optimizer, train.shard_batch(mesh, x),
+                                       train.shard_batch(mesh, y))[0]) for x, y in zip(xs, ys)]
+    leaves = jax.tree_util.tree_leaves_with_path(nnx.state((model, optimizer)))
+    out[place.__name__] = {
+        "loss": loss,
+        "params": [np.asarray(a).tolist() for a in jax.tree.leaves(nnx.state(model, nnx.Param))],
+        "arrays": [(jax.tree_util.keystr(path), a.shape, a.sharding.is_fully_replicated,
+                    [s.data.size for s in a.addressable_shards],
+                    len({s.device for s in a.addressable_shards}))
+                   for path, a in leaves],
+    }
+print(json.dumps(out))
+"""
+
+
+def test_fully_sharded_training_matches_replicated():
+    """FSDP (`shard_params`) against plain data parallelism (`replicate`) on 4
+    host devices, from the same initialisation and batches: the same losses and
+    final parameters to float32 rounding; every array with an axis that 4
+    divides is split four ways (and stays so after the steps), the others
+    (the decoder's bias of 3 classes, step counts) are replicated."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    done = subprocess.run([sys.executable, "-c", _FSDP], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    rep, fsdp = out["replicate"], out["shard_params"]
+    np.testing.assert_allclose(fsdp["loss"], rep["loss"], rtol=1e-6)
+    for a, b in zip(fsdp["params"], rep["params"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert all(replicated for _, _, replicated, _, _ in rep["arrays"])
+    split = 0
+    for path, shape, replicated, sizes, devices in fsdp["arrays"]:
+        size = int(np.prod(shape))
+        assert devices == 4, path
+        if any(n % 4 == 0 for n in shape):
+            assert not replicated and sizes == [size // 4] * 4, (path, shape, sizes)
+            split += 1
+        else:
+            assert replicated and sizes == [size] * 4, (path, shape, sizes)
+    arrays = {path: (shape, sizes) for path, shape, _, sizes, _ in fsdp["arrays"]}
+    assert arrays["[0]['layers'][0]['out']['kernel'].value"] == ([8, 8], [16] * 4)  # a quarter
+    assert arrays["[0]['decoder']['bias'].value"] == ([3], [3] * 4)  # whole on every device
+    assert arrays["[1]['step'].value"] == ([], [1] * 4)
+    assert split > len(fsdp["arrays"]) // 2
