@@ -87,15 +87,19 @@ print(json.dumps({{"loss": r["history"]["train_loss"], "devices": r["devices"],
 """
 
 
-def _run_on(n):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
-    env["JAX_PLATFORMS"] = "cpu"
-    out = subprocess.run(
-        [sys.executable, "-c", _PARALLEL.format(n=n), *TINY, "--steps", "2"],
-        env=env, capture_output=True, text=True, timeout=300)
+def _on_host_devices(n, script, *args):
+    """The JSON that `script` prints last, run in a fresh process with n
+    simulated CPU devices."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+    out = subprocess.run([sys.executable, "-c", script, *args], env=env,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _run_on(n):
+    return _on_host_devices(n, _PARALLEL.format(n=n), *TINY, "--steps", "2")
 
 
 def test_data_parallel_matches_single_device():
@@ -268,12 +272,7 @@ def test_fully_sharded_training_matches_replicated():
     final parameters to float32 rounding; every array with an axis that 4
     divides is split four ways (and stays so after the steps), the others
     (the decoder's bias of 3 classes, step counts) are replicated."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    done = subprocess.run([sys.executable, "-c", _FSDP], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = _on_host_devices(4, _FSDP)
     rep, fsdp = out["replicate"], out["shard_params"]
     np.testing.assert_allclose(fsdp["loss"], rep["loss"], rtol=1e-6)
     for a, b in zip(fsdp["params"], rep["params"], strict=True):
