@@ -254,6 +254,19 @@ def fit_init(init, names, h, d):
     return out
 
 
+def fit_fixed(fixed, names):
+    """A tuple or list of some of `names`: the parameters a fit holds at their
+    starting values. Returns them as a set."""
+    if isinstance(fixed, str) or not isinstance(fixed, (tuple, list)):
+        raise TypeError(f"fixed must be a tuple of parameter names, got {fixed!r}")
+    unknown = sorted(set(fixed) - set(names))
+    if unknown:
+        raise ValueError(f"fixed has unknown names {unknown}; expected some of {sorted(names)}")
+    if set(fixed) == set(names):
+        raise ValueError(f"fixed holds every parameter, {sorted(names)}: nothing would be fitted")
+    return set(fixed)
+
+
 def diagonal_ssm(lambd, b):
     """A diagonal SSM's eigenvalues lambd (h,) or (h, d) and input vector b of
     the same leading size (h,) or (h, d), both finite. Returns (lambd, b)."""

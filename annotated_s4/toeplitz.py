@@ -236,12 +236,14 @@ def _gradient_loss(p, t2, scale):
     return jnp.sum(jnp.abs(t2 - pred) ** 2) / scale
 
 
-@functools.partial(jax.jit, static_argnames=("steps",))
-def _adam_fit(params, t2, lr, steps):
-    """`steps` Adam steps on `_gradient_loss`, one compiled scan. Defined once at
-    module level, so a second call with the same shapes reuses the compiled
-    program (a benchmark can warm it up and time the fit alone)."""
-    tx = optax.adam(lr)
+@functools.partial(jax.jit, static_argnames=("steps", "fixed"))
+def _adam_fit(params, t2, lr, steps, fixed=()):
+    """`steps` Adam steps on `_gradient_loss`, one compiled scan; the parameters
+    named in `fixed` keep their starting values. Defined once at module level, so
+    a second call with the same shapes reuses the compiled program (a benchmark
+    can warm it up and time the fit alone)."""
+    tx = optax.multi_transform({"fit": optax.adam(lr), "fixed": optax.set_to_zero()},
+                               {name: "fixed" if name in fixed else "fit" for name in params})
     scale = jnp.sum(t2 ** 2) + jnp.finfo(t2.dtype).tiny
 
     def body(carry, _):
@@ -254,14 +256,16 @@ def _adam_fit(params, t2, lr, steps):
     return params, losses
 
 
-def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0, init=None):
+def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0, init=None, fixed=()):
     """The gradient baseline (Algorithm 2 of ETSC): fit lambd, b by Adam.
 
     Per channel, lambd = sigmoid(r) exp(i theta) and b = b_re + i b_im with
     r, theta, b_re, b_im ~ N(0, 1), minimising sum_i |t_i - sum_k b_k lambd_k^i|^2
     (scaled by sum t^2). `init` (optional) maps some of the names "r", "theta",
     "b_re", "b_im" to starting values of shape (h,) or (h, d), which replace the
-    random draws (to study where the fit starts). Returns (lambd, b, losses):
+    random draws (to study where the fit starts); the names in `fixed` keep
+    their starting values throughout (`fixed=("r", "theta")`: b alone is fitted,
+    lambd held where `init` puts it). Returns (lambd, b, losses):
     lambd and b of shape (h,) or (h, d) (one set per channel), losses (steps,)
     the relative squared error.
     Memory is O(n h d): the Vandermonde tensor is formed at each step.
@@ -277,7 +281,8 @@ def fit_toeplitz_gradient(t, h, steps=1000, lr=1e-2, seed=0, init=None):
               for name, k in zip(("r", "theta", "b_re", "b_im"), keys)}
     for name, value in checks.fit_init(init, params, h, d).items():
         params[name] = jnp.broadcast_to(jnp.asarray(value, t.dtype).reshape(h, -1), (h, d))
-    params, losses = _adam_fit(params, t2, jnp.asarray(lr, t.dtype), steps)
+    fixed = tuple(sorted(checks.fit_fixed(fixed, params)))
+    params, losses = _adam_fit(params, t2, jnp.asarray(lr, t.dtype), steps, fixed)
     lambd = jax.nn.sigmoid(params["r"]) * jnp.exp(1j * params["theta"])
     b = params["b_re"] + 1j * params["b_im"]
     if squeeze:

@@ -388,6 +388,31 @@ def test_gradient_fit_init_replaces_the_random_start():
         fit_toeplitz_gradient(t, n, steps=1, init=[0.0])
 
 
+def test_gradient_fit_fixed_holds_lambda_and_fits_b_alone():
+    n = 16
+    t = jax.random.normal(jax.random.PRNGKey(4), (n,))
+    grid = dict(r=np.full(n, np.log(n - 1)), theta=2 * np.pi * np.arange(n) / n,
+                b_re=np.zeros(n), b_im=np.zeros(n))
+    start = (1 - 1 / n) * np.exp(2j * np.pi * np.arange(n) / n)
+    lambd, b, losses = fit_toeplitz_gradient(t, n, steps=300, lr=1e-2, init=grid,
+                                             fixed=("r", "theta"))
+    np.testing.assert_allclose(np.asarray(lambd), start, rtol=1e-6, atol=1e-6)  # held
+    assert float(losses[-1]) < 0.1 * float(losses[0])                      # b fitted
+    # Adam on b alone with lambd fixed: the same first loss, the same fit as by hand
+    powers = start[None, :] ** np.arange(n)[:, None]
+    b_ls = np.linalg.lstsq(powers, np.asarray(t, np.complex128), rcond=None)[0]
+    assert np.linalg.norm(powers @ np.asarray(b) - t) < 2 * np.linalg.norm(t) * np.sqrt(
+        float(losses[-1])) + np.linalg.norm(powers @ b_ls - t)
+    lambd_free, _, _ = fit_toeplitz_gradient(t, n, steps=300, lr=1e-2, init=grid)
+    assert not np.allclose(np.asarray(lambd_free), start, rtol=1e-3)   # unfixed, it moves
+    with pytest.raises(ValueError, match="unknown names"):
+        fit_toeplitz_gradient(t, n, steps=1, fixed=("lambda",))
+    with pytest.raises(ValueError, match="nothing would be fitted"):
+        fit_toeplitz_gradient(t, n, steps=1, fixed=("r", "theta", "b_re", "b_im"))
+    with pytest.raises(TypeError, match="fixed must be a tuple"):
+        fit_toeplitz_gradient(t, n, steps=1, fixed="r")
+
+
 def test_etsc_grid_recognises_rounding_but_does_not_snap():
     from annotated_s4.toeplitz import etsc_grid
     lambd, _ = etsc(kernel(1000))  # float32: the grid, rounded
