@@ -29,7 +29,10 @@ records the device, the JAX and jaxlib versions and the CPU model
 (`annotated_s4.timing.device_info`). Timings vary with the machine and its
 load; the ratios are what to compare.
 
-    python benchmarks/bench_h3.py [--quick]
+``--lengths L ...`` sweeps those lengths instead, and writes where ``--quick``
+writes.
+
+    python benchmarks/bench_h3.py [--quick] [--lengths L ...]
 """
 
 from __future__ import annotations
@@ -117,12 +120,19 @@ def summarize(rows, gen, lengths, prompts):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="reduced sweep (about a minute)")
+    parser.add_argument("--lengths", type=int, nargs="+", metavar="L",
+                        help="the layer sweep's lengths, in place of the sweep's own "
+                             "(e.g. a GPU lent for a few minutes: --lengths 2048 4096 8192)")
     args = parser.parse_args(argv)
     if args.quick:
         lengths, repeats, prompts, n_new, batch, rounds = [1024, 2048], 2, [512, 4096], 32, 8, 7
     else:
         lengths, repeats, prompts, n_new, batch, rounds = (
             [2048, 4096, 8192, 16384], 5, [512, 4096], 128, 8, 9)
+    if args.lengths:
+        if any(L < 2 for L in args.lengths):
+            parser.error(f"--lengths must be at least 2, got {args.lengths}")
+        lengths = sorted(set(args.lengths))
     device = device_info()
     print(f"device {device['device_kind']} ({device['platform']}), CPU {device['cpu']}, "
           f"jax {device['jax']}; d_model {D_MODEL}, H3 head_dim {HEAD_DIM} "
@@ -153,15 +163,17 @@ def main(argv=None):
     print("\n" + json.dumps({k: v for k, v in summary.items() if k != "attention_over_H3"}, indent=1))
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"command": "python benchmarks/bench_h3.py" + (" --quick" if args.quick else ""),
+    out = {"command": "python benchmarks/bench_h3.py" + (" --quick" if args.quick else "")
+           + (" --lengths " + " ".join(map(str, lengths)) if args.lengths else ""),
            "backend": jax.default_backend(), "device": device, "quick": args.quick,
            "skipped": skipped,
            "config": {"d_model": D_MODEL, "head_dim": HEAD_DIM, "state_size": STATE_SIZE,
                       "attention_heads": N_HEADS, "flash_block": FLASH_BLOCK, "layer_batch": 1, "generation_batch": batch,
                       "new_tokens": n_new, "repeats": repeats, "generation_rounds": rounds},
            "layers": rows, "generation": gen, "summary": summary}
-    # a quick run never replaces the full results, nor a GPU's the CPU's
-    stem = result_stem("h3", args.quick)
+    # a quick run, or one of other lengths, never replaces the full results, nor a GPU's
+    # the CPU's
+    stem = result_stem("h3", args.quick or bool(args.lengths))
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
     try:
         import matplotlib
