@@ -36,6 +36,7 @@ __all__ = [
     "CORPUS_SHA256",
     "load_text_corpus",
     "text_windows",
+    "consecutive_windows",
     "MNIST_FILES",
     "MNIST_SHA256",
     "MNIST_MIRRORS",
@@ -226,6 +227,16 @@ def text_windows(ids, n, L, rng):
         raise ValueError(f"the text ({len(ids)} characters) must be longer than L = {L}")
     starts = rng.integers(0, len(ids) - L, size=n)
     return np.stack([ids[s:s + L] for s in starts])
+
+
+def consecutive_windows(ids, L, count=None):
+    """ids cut into consecutive, non-overlapping windows of L characters (the last,
+    partial one dropped): (len(ids) // L, L), or its first `count` rows."""
+    L = checks.positive_int(L, "L")
+    if len(ids) < L:
+        raise ValueError(f"the text ({len(ids)} characters) must hold one window of L = {L}")
+    w = np.asarray(ids)[: len(ids) // L * L].reshape(-1, L)
+    return w if count is None else w[:count]
 
 
 # --- MNIST, for readers with a network (Colab) ---------------------------------

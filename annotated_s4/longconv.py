@@ -25,7 +25,7 @@ from .decoders import SSMDecoder
 from .ssm import causal_convolution
 from .toeplitz import decay_powers, etsc, etsc_kernel
 
-__all__ = ["ToeplitzLayer", "TNNLayer", "SGConvLayer", "ETSCLayer"]
+__all__ = ["ToeplitzLayer", "TNNLayer", "SGConvLayer", "ETSCLayer", "converted_model"]
 
 
 class _LongConvolution(nnx.Module):
@@ -204,3 +204,17 @@ class ETSCLayer(_LongConvolution):
             (self.cache[...], self.phase[...]), u_t)
         self.cache[...], self.phase[...] = z, p
         return y + self.D[...] * u_t
+
+
+def converted_model(model, h, decay=None):
+    """A copy of `model` (a StackedModel of long-convolution layers) whose every
+    long convolution is replaced by its ETSC SSM of h states (`to_ssm`; eigenvalues
+    decay * omega^k if a decay is given). The original is left as it is."""
+    if not all(hasattr(getattr(block, "seq", None), "to_ssm")
+               for block in getattr(model, "layers", [None])):
+        raise TypeError("model must be a StackedModel whose every sequence layer has "
+                        "to_ssm (ToeplitzLayer, TNNLayer, SGConvLayer)")
+    m = nnx.clone(model)
+    for block in m.layers:
+        block.seq = block.seq.to_ssm(h, decay=decay)
+    return m

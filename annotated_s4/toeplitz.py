@@ -33,7 +33,25 @@ __all__ = [
     "etsc_kernel",
     "toeplitz_matvec",
     "fit_toeplitz_gradient",
+    "decaying_kernel",
 ]
+
+
+def decaying_kernel(n, d=None, seed=0, dtype=jnp.float32):
+    """A random, slowly decaying long-convolution kernel, chapter 8's test kernel:
+    t_i = r_i exp(-3 i / n) with r_i standard normal (key `seed`), shape (n,) or (n, d)."""
+    n = checks.positive_int(n, "n")
+    if d is not None:
+        d = checks.positive_int(d, "d")
+    return _decaying_kernel(n, d, seed, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("n", "d", "seed", "dtype"))
+def _decaying_kernel(n, d, seed, dtype):
+    shape = (n,) if d is None else (n, d)
+    t = jax.random.normal(jax.random.PRNGKey(seed), shape, dtype)
+    decay = jnp.exp(-3 * jnp.arange(n, dtype=dtype) / n)
+    return t * (decay if d is None else decay[:, None])
 
 
 def roots_of_unity(N, dtype):

@@ -45,6 +45,8 @@ RE_EVALUATED_BY_PAGES = {
                       or name.startswith("memory1024-const-")),
     ("07c_language_model.md",):
         lambda name: name.startswith("charlm-") and not name.startswith("charlm-mamba"),
+    ("08c_tables.md",):
+        lambda name: name in ("tnn-charlm", "sgconv-charlm"),
     ("10_selection.md",):
         lambda name: name.startswith(("selective-copying-", "induction64-", "charlm-mamba")),
     ("11_duality.md",):

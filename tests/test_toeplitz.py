@@ -14,23 +14,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from annotated_s4 import StackedModel, ToeplitzLayer
+from annotated_s4 import S4DLayer, StackedModel, ToeplitzLayer
 from annotated_s4.s4 import kernel_diagonal
 from annotated_s4.decoders import CacheDecoder, FFTDecoder, SSMDecoder
-from annotated_s4.longconv import ETSCLayer, SGConvLayer, TNNLayer
+from annotated_s4.longconv import ETSCLayer, SGConvLayer, TNNLayer, converted_model
+from annotated_s4.toeplitz import decaying_kernel as kernel
 from annotated_s4.toeplitz import (decay_powers, etsc, etsc_kernel, fit_toeplitz_gradient,
                                    ssm_to_toeplitz, ssm_to_toeplitz_naive, toeplitz_matvec)
 
 
 def rel(a, b):
     return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
-
-
-def kernel(n, d=None, seed=0, dtype=jnp.float32):
-    shape = (n,) if d is None else (n, d)
-    t = jax.random.normal(jax.random.PRNGKey(seed), shape, dtype)
-    decay = jnp.exp(-3 * jnp.arange(n, dtype=dtype) / n)
-    return t * (decay if d is None else decay[:, None])
 
 
 def test_round_trip_float32_n8192():
@@ -215,11 +209,10 @@ def test_toeplitz_layer_modes_and_conversion():
 
     np.testing.assert_allclose(rnn(model), logp, atol=1e-4)
     original = model.layers[0].seq
-    converted = nnx.clone(model)
+    converted = converted_model(model, 24)
     for block in converted.layers:
-        block.seq = block.seq.to_ssm(24)
         assert isinstance(block.seq, ETSCLayer) and block.seq.b.shape == (24, 6)
-    assert isinstance(model.layers[0].seq, ToeplitzLayer)  # to_ssm leaves the layer as it was
+    assert isinstance(model.layers[0].seq, ToeplitzLayer)  # the original is left as it was
     np.testing.assert_allclose(model(x), logp, atol=1e-6)
     np.testing.assert_allclose(converted(x), logp, atol=1e-4)
     np.testing.assert_allclose(rnn(converted), logp, atol=1e-4)
@@ -227,6 +220,34 @@ def test_toeplitz_layer_modes_and_conversion():
         original.to_ssm(8)
     with pytest.raises(ValueError):
         ToeplitzLayer(4, 0, rngs=nnx.Rngs(0))
+    s4d = StackedModel(functools.partial(S4DLayer, N=4, L=16), d_output=7, d_model=6,
+                       n_layers=1, rngs=nnx.Rngs(0), vocab_size=7, classification=False)
+    with pytest.raises(TypeError, match="to_ssm"):
+        converted_model(s4d, 24)                # S4D is already an SSM: no to_ssm
+    with pytest.raises(TypeError, match="StackedModel"):
+        converted_model(original, 24)
+
+
+def test_decaying_kernel_and_consecutive_windows():
+    t = np.asarray(kernel(4096, seed=3), np.float64)
+    assert t.shape == (4096,) and kernel(8, 3).shape == (8, 3)
+    np.testing.assert_array_equal(kernel(64, seed=1), kernel(64, seed=1))   # a function of seed
+    assert not np.array_equal(kernel(64, seed=1), kernel(64, seed=2))
+    first, last = np.abs(t[:512]).mean(), np.abs(t[-512:]).mean()   # decays by about e^-3
+    assert 0.03 < last / first < 0.1
+    assert kernel(16, dtype=jnp.float64).dtype == jnp.float64 or not jax.config.jax_enable_x64
+    with pytest.raises(ValueError, match="n must be"):
+        kernel(0)
+    with pytest.raises(ValueError, match="d must be"):
+        kernel(8, 0)
+    from annotated_s4.data import consecutive_windows
+    ids = np.arange(10)
+    np.testing.assert_array_equal(consecutive_windows(ids, 3), [[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+    np.testing.assert_array_equal(consecutive_windows(ids, 3, 1), [[0, 1, 2]])
+    with pytest.raises(ValueError, match="one window"):
+        consecutive_windows(ids, 11)
+    with pytest.raises(ValueError, match="L must be"):
+        consecutive_windows(ids, 0)
 
 
 # ---------------------------------------------------------------- any kernel, decay, half
