@@ -211,7 +211,7 @@ def compare_arms(scores_a, scores_b, *, comparisons=1, alpha=ALPHA, b_fixed=Fals
     elif se == 0:                 # every seed alike: no spread to spread the interval
         df = float(len(ma) + len(mb) - 2)
     else:
-        df = (va + vb) ** 2 / (va ** 2 / (len(ma) - 1) + vb ** 2 / (len(mb) - 1))
+        df = _welch_df(va, vb, len(ma), len(mb))
     level = 1 - alpha / comparisons
     difference = float(ma.mean() - mb.mean())
     low, high = _t_interval(difference, se, df, level)
@@ -268,6 +268,26 @@ def comparison_table(decided, scale=100, digits=1, unit="points"):
         rows.append(row + ["yes" if r["excludes_zero"] else "no",
                            "yes" if r["established"] else "no"])
     return Table(columns, rows, right=(columns[2], "seeds' interval", "test set's interval"))
+
+
+def _welch_df(va, vb, n_a, n_b):
+    """The Welch-Satterthwaite degrees of freedom of two squared standard errors
+    va, vb of means of n_a and n_b values (numbers, or arrays of them)."""
+    return (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+
+
+def welch_false_exclusions(sd_ratio, level, *, seeds=(3, 3), draws=200_000, rng=None):
+    """How often `compare_arms`' interval at `level` excludes zero between two
+    arms that do not differ: the fraction of `draws` simulated pairs of normal
+    seed means, seeds[0] of them with standard deviation `sd_ratio` and seeds[1]
+    with 1, whose Welch interval excludes 0 (`compare_arms`' interval, for all
+    the draws at once). `rng`: a numpy Generator (default: seed 0)."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    n_a, n_b = seeds
+    a, b = rng.normal(0, sd_ratio, (draws, n_a)), rng.normal(0, 1, (draws, n_b))
+    va, vb = a.var(1, ddof=1) / n_a, b.var(1, ddof=1) / n_b
+    half = stats.t.ppf((1 + level) / 2, _welch_df(va, vb, n_a, n_b)) * np.sqrt(va + vb)
+    return float(np.mean(np.abs(a.mean(1) - b.mean(1)) > half))
 
 
 def _t_interval(center, se, df, level):

@@ -360,3 +360,18 @@ def test_comparison_table_shows_each_result_and_its_verdict():
                                f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] | ")
     assert lines[2].endswith("| yes | yes |")
     assert "| 5 vs fixed |" in lines[3] and "|  | yes |" in lines[3]   # no items' interval
+
+
+def test_welch_false_exclusions_is_compare_arms_interval_on_every_draw():
+    # the same draws, one at a time through compare_arms: the same exclusions
+    ratio, level, draws = 2.4, 1 - 0.05 / 9, 300
+    rate = evidence.welch_false_exclusions(ratio, level, draws=draws,
+                                           rng=np.random.default_rng(5))
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(0, ratio, (draws, 3)), rng.normal(0, 1, (draws, 3))
+    by_hand = np.mean([evidence.compare_arms(a[i][:, None], b[i][:, None],
+                                             alpha=1 - level)["excludes_zero"]
+                       for i in range(draws)])
+    assert rate == by_hand and 0 < rate < 0.1
+    # with equal spreads, three seeds a side, the interval keeps its level (errs safe)
+    assert evidence.welch_false_exclusions(1.0, 0.95, draws=100_000) < 0.05
