@@ -25,7 +25,8 @@ from .decoders import SSMDecoder
 from .ssm import causal_convolution
 from .toeplitz import decay_powers, etsc, etsc_kernel
 
-__all__ = ["ToeplitzLayer", "TNNLayer", "SGConvLayer", "ETSCLayer", "converted_model"]
+__all__ = ["ToeplitzLayer", "TNNLayer", "SGConvLayer", "ETSCLayer", "converted_model",
+           "truncated_model"]
 
 
 class _LongConvolution(nnx.Module):
@@ -206,15 +207,37 @@ class ETSCLayer(_LongConvolution):
         return y + self.D[...] * u_t
 
 
-def converted_model(model, h, decay=None):
-    """A copy of `model` (a StackedModel of long-convolution layers) whose every
-    long convolution is replaced by its ETSC SSM of h states (`to_ssm`; eigenvalues
-    decay * omega^k if a decay is given). The original is left as it is."""
+def _with_sequence_layers(model, make):
+    """A copy of `model` (a StackedModel of long-convolution layers) with every
+    block's sequence layer replaced by make(layer); the original is left as it is."""
     if not all(hasattr(getattr(block, "seq", None), "to_ssm")
                for block in getattr(model, "layers", [None])):
         raise TypeError("model must be a StackedModel whose every sequence layer has "
                         "to_ssm (ToeplitzLayer, TNNLayer, SGConvLayer)")
     m = nnx.clone(model)
     for block in m.layers:
-        block.seq = block.seq.to_ssm(h, decay=decay)
+        block.seq = make(block.seq)
     return m
+
+
+def converted_model(model, h, decay=None):
+    """A copy of `model` (a StackedModel of long-convolution layers) whose every
+    long convolution is replaced by its ETSC SSM of h states (`to_ssm`; eigenvalues
+    decay * omega^k if a decay is given). The original is left as it is."""
+    return _with_sequence_layers(model, lambda seq: seq.to_ssm(h, decay=decay))
+
+
+def truncated_model(model, L):
+    """A copy of `model` (a StackedModel of long-convolution layers) whose every
+    long convolution keeps only the first L lags of its kernel: a ToeplitzLayer
+    holding kernel(L), zero from lag L on, and the same D. On inputs of at most
+    L steps it is the original model; on longer ones it forgets what is L or
+    more steps back. The original is left as it is."""
+    L = checks.positive_int(L, "L")
+
+    def cut(seq):
+        layer = ToeplitzLayer(seq.H, L, rngs=nnx.Rngs(0))
+        layer.t[...], layer.D[...] = seq.kernel(L), seq.D[...]
+        return layer
+
+    return _with_sequence_layers(model, cut)

@@ -17,7 +17,8 @@ from flax import nnx
 from annotated_s4 import S4DLayer, StackedModel, ToeplitzLayer
 from annotated_s4.s4 import kernel_diagonal
 from annotated_s4.decoders import CacheDecoder, FFTDecoder, SSMDecoder
-from annotated_s4.longconv import ETSCLayer, SGConvLayer, TNNLayer, converted_model
+from annotated_s4.longconv import (ETSCLayer, SGConvLayer, TNNLayer, converted_model,
+                                   truncated_model)
 from annotated_s4.toeplitz import decaying_kernel as kernel
 from annotated_s4.toeplitz import (decay_powers, etsc, etsc_kernel, fit_toeplitz_gradient,
                                    ssm_to_toeplitz, ssm_to_toeplitz_naive, toeplitz_matvec)
@@ -226,6 +227,25 @@ def test_toeplitz_layer_modes_and_conversion():
         converted_model(s4d, 24)                # S4D is already an SSM: no to_ssm
     with pytest.raises(TypeError, match="StackedModel"):
         converted_model(original, 24)
+
+
+@jax.default_matmul_precision("float32")
+def test_truncated_model_forgets_beyond_its_lags():
+    model = StackedModel(functools.partial(TNNLayer, L=32), d_output=7, d_model=6,
+                         n_layers=2, rngs=nnx.Rngs(0), vocab_size=7, classification=False)
+    x = jax.random.randint(jax.random.PRNGKey(1), (2, 32), 0, 7)
+    cut = truncated_model(model, 8)
+    for block, kept in zip(cut.layers, model.layers):
+        assert isinstance(block.seq, ToeplitzLayer)
+        np.testing.assert_array_equal(block.seq.kernel(8), kept.seq.kernel(8))
+        assert not np.any(np.asarray(block.seq.kernel(32))[8:])   # zero from lag 8 on
+    assert isinstance(model.layers[0].seq, TNNLayer)            # the original is left as it was
+    np.testing.assert_allclose(cut(x[:, :8]), model(x[:, :8]), atol=1e-5)   # the same model to L
+    assert float(jnp.abs(cut(x) - model(x))[:, 8:].max()) > 1e-3           # not beyond it
+    with pytest.raises(ValueError, match="L"):
+        truncated_model(model, 0)
+    with pytest.raises(TypeError, match="StackedModel"):
+        truncated_model(model.layers[0].seq, 8)
 
 
 def test_decaying_kernel_and_consecutive_windows():
